@@ -1,0 +1,24 @@
+# `make run`: the pipeline on the built-in sample (dvc repro). `make test`: the test suite.
+# Both create .venv and install the project on first use.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test serve server bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]' '$(TORCH_SPEC)'
+	touch $@
+
+run: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH dvc repro
+
+test: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q
+
+clean:
+	rm -rf data .venv

@@ -1,0 +1,1 @@
+"""imagenet-parquet reader: import without Prefect or DVC (needs pyarrow, pillow, numpy; torch optional)."""

@@ -1,0 +1,84 @@
+"""Shared fixtures: an isolated Prefect home, one real Prefect server per test session, the sample release."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+_PREFECT_HOME = tempfile.mkdtemp(prefix="prefect-home-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME  # before anything imports prefect
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> str:
+    """A real `prefect server start` on 127.0.0.1; PREFECT_API_URL points at it for this process and children."""
+    port = free_port()
+    log = open(Path(_PREFECT_HOME) / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PREFECT_UI_ENABLED": "true"},
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_http(url + "/health", timeout=90)
+    except Exception:
+        proc.kill()
+        raise RuntimeError((Path(_PREFECT_HOME) / "server.log").read_text()[-3000:])
+    os.environ["PREFECT_API_URL"] = url
+    yield url
+    os.environ.pop("PREFECT_API_URL", None)
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data, or skip (real-data tests run in CI, where it exists)."""
+    if not (SHARED / "imagenet").is_dir():
+        pytest.skip("../shared/data is absent")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def sample_release(tmp_path_factory) -> Path:
+    """The built-in sample (default size), written once per session: the three archives + sample_md5.tsv."""
+    from tasks.sample import write_sample
+
+    out = tmp_path_factory.mktemp("sample-release")
+    write_sample(out)
+    return out

@@ -82,3 +82,31 @@ def sample_release(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sample-release")
     write_sample(out)
     return out
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy the working tree (tracked + untracked-not-ignored files; no data/, no .venv) into a fresh git repo.
+
+    Tests that run `dvc repro` / `dvc push` / a deployment work on such a copy, never on the checkout."""
+    import shutil
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for rel in sorted(filter(None, listed)):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@127.0.0.1"]
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*git, "commit", "-qm", "copy"], cwd=dest, check=True)
+    return dest
+
+
+@pytest.fixture
+def project_copy(tmp_path) -> Path:
+    """A fresh git + DVC copy of the project (see copy_project)."""
+    return copy_project(tmp_path / "project")

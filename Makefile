@@ -22,3 +22,11 @@ test: $(STAMP)
 
 clean:
 	rm -rf data .venv
+
+# `make server`: the Prefect UI on http://127.0.0.1:4200. `make serve` (second shell): the pipeline's deployment.
+server: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH prefect server start --host 127.0.0.1 --port 4200
+
+serve: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:4200/api} \
+		python -m flows.pipeline serve

@@ -1,0 +1,273 @@
+"""Reader vs folder-of-JPEGs vs decode-only ceiling, side by side in one run (issue 6, item 4).
+
+    python benchmarks/bench_reader.py [--images 5000] [--workers 2] [--batch-size 64] [--no-cold]
+
+Replicates ../shared/data/imagenet-samples to `--images` real JPEGs (distinct files: an ImageFolder tree under
+benchmarks/_work/reader/folder), indexes them in a folder-mode manifest (docs/CONTRACTS.md) and converts them
+with the convert stage's own code (`tasks.convert.run_local`): passthrough shards, and shards with the shorter
+side resized to 256 (`convert.resize_shorter: 256`). Every loader runs one epoch through a torch DataLoader with
+the same workers, batch size and transform (decode -> RandomResizedCrop 224 -> horizontal flip -> uint8 CHW
+tensor, written with PIL + numpy + torch because torchvision is not installed). Warm runs read everything once
+first; cold runs drop the page cache before each loader (`sync; echo 3 > /proc/sys/vm/drop_caches`, needs root).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
+from tasks.common import load_params, write_json  # noqa: E402
+from tasks.convert import run_local  # noqa: E402
+from tasks.convert_params import Job  # noqa: E402
+from tasks.imaging import Policy  # noqa: E402
+from tasks.labels import label_map as make_label_map, shipped_synsets  # noqa: E402
+
+
+class RandomResizedCropFlip:
+    """torchvision's RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3)) + RandomHorizontalFlip + PILToTensor."""
+
+    def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        self.size, self.scale, self.log_ratio = size, scale, (math.log(ratio[0]), math.log(ratio[1]))
+
+    def _box(self, width: int, height: int) -> tuple[int, int, int, int]:
+        area = width * height
+        for _ in range(10):
+            target = area * random.uniform(*self.scale)
+            aspect = math.exp(random.uniform(*self.log_ratio))
+            w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                left, top = random.randint(0, width - w), random.randint(0, height - h)
+                return left, top, left + w, top + h
+        w, h = width, height  # fallback: whole image clamped to the ratio range, centred (as torchvision)
+        if width / height < math.exp(self.log_ratio[0]):
+            h = round(width / math.exp(self.log_ratio[0]))
+        elif width / height > math.exp(self.log_ratio[1]):
+            w = round(height * math.exp(self.log_ratio[1]))
+        left, top = (width - w) // 2, (height - h) // 2
+        return left, top, left + w, top + h
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=self._box(*img.size))
+        if random.random() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+class FolderDataset(Dataset):
+    """What torchvision's ImageFolder does per item: PIL open + convert('RGB') + transform."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform: Callable):
+        self.samples, self.transform = samples, transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        path, label = self.samples[i]
+        with open(path, "rb") as fh:
+            img = Image.open(fh).convert("RGB")
+        return self.transform(img), label
+
+
+class InMemoryDataset(Dataset):
+    """The decode-only ceiling: the same bytes, already in RAM."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int], transform: Callable):
+        self.blobs, self.labels, self.transform = blobs, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return self.transform(decode_image(self.blobs[i])), self.labels[i]
+
+
+def build_folder(samples: Path, folder: Path, count: int) -> list[tuple[str, int]]:
+    """`count` distinct files (copies, not links: a cold cache must really read each one) as train/<wnid>/*."""
+    sources = sorted(samples.glob("*.JPEG"))
+    if not sources:
+        raise SystemExit(f"{samples}: expected the sample JPEGs (<wnid>_<name>.JPEG), found none")
+    wnids = sorted({p.name.split("_")[0] for p in sources})
+    files = []
+    for k in range(count):
+        src = sources[k % len(sources)]
+        dst = folder / "train" / src.name.split("_")[0] / f"{src.stem}_r{k // len(sources):03d}.JPEG"
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        files.append(dst)
+    files.sort(key=lambda p: (p.parent.name, p.name))
+    return [(str(p), wnids.index(p.parent.name)) for p in files]
+
+
+def write_inputs(work: Path, samples: list[tuple[str, int]]) -> tuple[Path, Path]:
+    """Folder-mode manifest (docs/CONTRACTS.md) + label map for the convert stage."""
+    lmap = make_label_map(sorted({Path(p).parent.name for p, _ in samples}), shipped_synsets(), "folder")
+    manifests = work / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    table = pa.table({
+        "split": ["train"] * len(samples), "label": pa.array([y for _, y in samples], pa.int64()),
+        "wnid": [Path(p).parent.name for p, _ in samples], "name": [Path(p).name for p, _ in samples],
+        "source": [p for p, _ in samples], "member": [""] * len(samples),
+        "offset": pa.array([0] * len(samples), pa.int64()),
+        "size": pa.array([os.path.getsize(p) for p, _ in samples], pa.int64())})
+    pq.write_table(table, manifests / "train.parquet")
+    write_json(work / "label_map.json", lmap)
+    return manifests, work / "label_map.json"
+
+
+def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int | None, workers: int) -> Path:
+    """Shards by the convert stage's own code and params.yaml defaults (row groups, shard size, quality)."""
+    out = work / "shards" / name
+    if (out / "train").is_dir() and any((out / "train").glob("*.parquet")):
+        return out
+    cfg = load_params("convert", REPO / "params.yaml")
+    policy = Policy(policy=cfg["policy"], quality=cfg["quality"], resize_shorter=resize, exif=cfg["exif"])
+    job = Job(manifests=manifests, label_map=label_map, parquet=out, work=work / "convert-work" / name,
+              metrics=work / "convert-work" / name / "convert.json", policy=policy, shard_mb=cfg["shard_mb"],
+              row_group_rows=cfg["row_group_rows"], root=REPO)
+    run_local(job, workers=workers, progress=False)
+    return out
+
+
+def epoch(dataset: Any, args: argparse.Namespace, **loader_kw: Any) -> tuple[float, int]:
+    """Images/s for one full epoch through a DataLoader (workers started inside the timing, as in training)."""
+    loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, **loader_kw)
+    started, seen = time.perf_counter(), 0
+    for images, _labels in loader:
+        assert images.shape[1:] == (3, 224, 224) and images.dtype == torch.uint8
+        seen += len(images)
+    return seen / (time.perf_counter() - started), seen
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def warm(paths: list[Path]) -> None:
+    for path in paths:
+        with open(path, "rb") as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, tf: Callable) -> dict[str, Callable]:
+    def ceiling(root: Path) -> Callable:
+        def run(args):
+            ds = ParquetImageDataset(root, "train", decode=False)
+            blobs = [ds[i][0] for i in range(len(ds))]
+            return epoch(InMemoryDataset(blobs, ds.targets.tolist(), tf), args, shuffle=True)
+        return run
+
+    def mapped(root: Path, sampler: bool) -> Callable:
+        def run(args):
+            ds = ParquetImageDataset(root, "train", transform=tf)
+            if sampler:
+                return epoch(ds, args, sampler=RowGroupSampler(ds, seed=1, window=4))
+            return epoch(ds, args, shuffle=True)
+        return run
+
+    def iterable(root: Path) -> Callable:
+        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=tf, seed=1), args)
+
+    return {
+        "folder of JPEGs (ImageFolder equivalent)": lambda args: epoch(FolderDataset(folder, tf), args, shuffle=True),
+        "decode-only ceiling (bytes in RAM)": ceiling(shards),
+        "reader map-style, random order": mapped(shards, False),
+        "reader map-style, RowGroupSampler": mapped(shards, True),
+        "reader iterable (shuffle buffer 1000)": iterable(shards),
+        "reader iterable + draft_size=224": lambda args: epoch(
+            ParquetIterableDataset(shards, "train", transform=tf, seed=1, draft_size=224), args),
+        "resized-256: ceiling (bytes in RAM)": ceiling(resized),
+        "resized-256: reader map-style, random": mapped(resized, False),
+        "resized-256: reader iterable": iterable(resized),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--samples", type=Path, default=REPO.parent / "shared" / "data" / "imagenet-samples")
+    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
+    parser.add_argument("--rounds", type=int, default=2, help="warm runs per loader, interleaved; the best counts")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (they need root)")
+    args = parser.parse_args(argv)
+
+    folder = build_folder(args.samples, args.work / "folder", args.images)
+    manifests, lmap = write_inputs(args.work, folder)
+    shards = convert(args.work, manifests, lmap, "passthrough", None, args.workers)
+    resized = convert(args.work, manifests, lmap, "resize256", 256, args.workers)
+    files = [Path(p) for p, _ in folder] + sorted(shards.rglob("*.parquet")) + sorted(resized.rglob("*.parquet"))
+    mb = {name: sum(p.stat().st_size for p in sorted(root.rglob("*.parquet"))) / 1e6
+          for name, root in [("passthrough", shards), ("resize256", resized)]}
+    print(f"{args.images} images ({sum(os.path.getsize(p) for p, _ in folder) / 1e6:.0f} MB as files; shards: "
+          f"passthrough {mb['passthrough']:.0f} MB, resized-256 {mb['resize256']:.0f} MB), {args.workers} workers, "
+          f"batch {args.batch_size}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
+
+    tf = RandomResizedCropFlip()
+    runs = loaders(folder, shards, resized, tf)
+    results: list[tuple[str, str, float, str]] = []
+    warm(files)
+    best: dict[str, tuple[float, str]] = {}
+    for round_ in range(args.rounds):  # interleaved rounds: a load spike from other users hits one round, not one loader
+        for name, run in runs.items():
+            before = loadavg()
+            rate, seen = run(args)
+            assert seen == args.images, (name, seen)
+            print(f"  warm#{round_} {name:45s} {rate:8.0f} img/s  (load {before} -> {loadavg()})", flush=True)
+            if rate > best.get(name, (0.0, ""))[0]:
+                best[name] = (rate, f"{before} -> {loadavg()}")
+    results += [("warm", name, rate, load) for name, (rate, load) in best.items()]
+    if not args.no_cold:
+        for name in ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
+                     "reader map-style, RowGroupSampler", "reader iterable (shuffle buffer 1000)",
+                     "resized-256: reader iterable"]:
+            drop_caches()
+            before = loadavg()
+            rate, _ = runs[name](args)
+            results.append(("cold", name, rate, f"{before} -> {loadavg()}"))
+            print(f"  cold  {name:45s} {rate:8.0f} img/s  (load {results[-1][3]})", flush=True)
+    print_table(results)
+
+
+def print_table(results: list[tuple[str, str, float, str]]) -> None:
+    rate = {(cache, name): r for cache, name, r, _ in results}
+    folder = "folder of JPEGs (ImageFolder equivalent)"
+    print(f"\n| cache | loader | img/s | x folder | x ceiling | load avg (before -> after) |")
+    print("|---|---|---:|---:|---:|---|")
+    for cache, name, r, load in results:
+        ceiling_name = ("resized-256: ceiling (bytes in RAM)" if name.startswith("resized")
+                        else "decode-only ceiling (bytes in RAM)")
+        ceil = rate.get(("warm", ceiling_name))
+        print(f"| {cache} | {name} | {r:.0f} | {r / rate[(cache, folder)]:.2f} | "
+              f"{r / ceil:.2f} | {load} |" if ceil else f"| {cache} | {name} | {r:.0f} | - | - | {load} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""validate stage: schema and label checks + reports (`python -m flows.validate`, run by dvc.yaml).
+
+Reads `params.yaml: validate` and `paths`. Writes the reports and metrics even when a check fails, attaches
+the Markdown report (`schema-report`) and the counts (`split-counts`, `class-counts`) as artifacts of the flow
+run, then fails the run (PipelineError → exit 1) when a check failed."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.cli import main
+from tasks import contact_sheet, report, validate
+from tasks.common import load_params, paths
+
+ARTIFACT_KEYS = {"report": "schema-report", "splits": "split-counts", "classes": "class-counts"}
+METRICS_FILE = "validate.json"
+
+run_checks = task(validate.run_validation, name="run-checks", cache_policy=NO_CACHE)
+write_sheet = task(contact_sheet.write_contact_sheet, name="contact-sheet", cache_policy=NO_CACHE)
+write_reports = task(report.write_reports, name="write-reports", cache_policy=NO_CACHE)
+
+
+def publish(result: dict[str, Any]) -> None:
+    """The report and the counts as keyed artifacts of the current flow run."""
+    create_markdown_artifact(report.render_markdown(result), key=ARTIFACT_KEYS["report"],
+                             description=f"Schema and label validation: {report.STATUS_WORD[result['status']]}")
+    split_metrics = report.metrics(result)
+    create_table_artifact([{"split": split, **split_metrics[split]} for split in validate.SPLITS],
+                          key=ARTIFACT_KEYS["splits"], description="Rows, shards and images per class, per split")
+    create_table_artifact(result["classes"], key=ARTIFACT_KEYS["classes"],
+                          description="Images per class and split")
+
+
+@flow(name="validate")
+def validate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
+    """Check the Parquet shards against the contract, the manifests and the label map; write the reports.
+
+    Paths in params.yaml are relative to the directory of `params_file` (the repo)."""
+    root = Path(params_file).resolve().parent
+    cfg, where = load_params("validate", params_file), {k: root / v for k, v in paths(params_file).items()}
+    sheet = write_sheet.submit(where["parquet"], where["label_map"], where["reports"] / report.CONTACT_SHEET,
+                               cfg["contact_sheet_per_class"], cfg["contact_sheet_classes"])
+    result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg)
+    write_reports(result, where["reports"], where["metrics"] / METRICS_FILE)
+    publish(result)
+    sheet.result()  # after the reports: they are written even if drawing the sheet fails
+    get_run_logger().info("validation %s: report %s", report.STATUS_WORD[result["status"]],
+                          where["reports"] / report.REPORT_MD)
+    validate.raise_if_failed(result, where["reports"])
+    return result
+
+
+if __name__ == "__main__":
+    main(validate_flow)

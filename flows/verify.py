@@ -1,0 +1,28 @@
+"""verify stage as a Prefect flow: `python -m flows.verify` (reads params.yaml `verify`, `paths`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+
+from flows.cli import main
+from tasks import verify as vf
+from tasks.common import load_params, paths
+
+expected_md5s = task(vf.expected_md5s, name="expected-md5s")
+check_archive = task(vf.check_archive, name="check-archive")
+write_verify_json = task(vf.write_verify_json, name="write-verify-json")
+
+
+@flow(name="verify")
+def verify_flow(params_file: str = "params.yaml") -> dict[str, Any]:
+    params = load_params("verify", params_file)
+    raw_dir, cache_file = paths(params_file)["raw"], paths(params_file)["work"] / "md5_cache.json"
+    table, expected = expected_md5s(str(params.get("checksums", "auto")), raw_dir)
+    results = {name: check_archive(name, raw_dir, md5, cache_file, table) for name, md5 in expected.items()}
+    write_verify_json(raw_dir, table, results)
+    return {"archives": results, "checksums": table}
+
+
+if __name__ == "__main__":
+    main(verify_flow)

@@ -1,0 +1,185 @@
+"""Shard discovery, the row-group index, the label map from schema metadata, and lazy per-process row-group reads.
+
+Nothing here keeps a file open across pickling: `RowGroupReader` opens `pq.ParquetFile` handles on first use in
+the process that reads (each DataLoader worker), and drops them (and its cache) when pickled or forked.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+METADATA_KEY = b"imagenet_parquet"
+HF_METADATA_KEY = b"huggingface"
+
+
+def find_shards(source: Source, split: str | None = None) -> list[Path]:
+    """Resolve `source` to a sorted list of shard files.
+
+    `source` is a shard file, a directory of shards (`data/parquet/train`), the Parquet root plus `split`
+    (`data/parquet`, split="train"), or an explicit list of files (kept in the given order)."""
+    if not isinstance(source, (str, os.PathLike)):
+        files = [Path(p) for p in source]
+    else:
+        root = Path(source)
+        if split is not None:
+            root = root / split
+        files = [root] if root.is_file() else sorted(root.glob("*.parquet")) if root.is_dir() else []
+    if not files:
+        where = Path(source) / split if split and isinstance(source, (str, os.PathLike)) else source
+        raise FileNotFoundError(
+            f"{where}: expected Parquet shards (a .parquet file or a directory of *.parquet), found none; "
+            "run `dvc pull data/parquet` (or `dvc repro`) first, or pass the shard directory")
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"expected Parquet shard files, these do not exist: {missing[:5]}")
+    return files
+
+
+def _metadata_json(meta: dict[bytes, bytes] | None, key: bytes) -> dict[str, Any] | None:
+    if not meta or key not in meta:
+        return None
+    return json.loads(meta[key])
+
+
+def label_map_from_metadata(meta: dict[bytes, bytes] | None, where: str | os.PathLike) -> dict[str, Any]:
+    """The label map stored in a shard's schema metadata (`imagenet_parquet` -> `label_map`).
+
+    Falls back to the Hugging Face ClassLabel names (`huggingface` metadata) for shards written by others."""
+    ours = _metadata_json(meta, METADATA_KEY)
+    if ours and isinstance(ours.get("label_map"), dict):
+        return ours["label_map"]
+    hf = _metadata_json(meta, HF_METADATA_KEY)
+    names = (((hf or {}).get("info") or {}).get("features") or {}).get("label", {}).get("names")
+    if names:
+        return {"num_classes": len(names), "label_source": "huggingface",
+                "classes": [{"label": i, "name": n} for i, n in enumerate(names)]}
+    raise ValueError(
+        f"{where}: expected schema metadata '{METADATA_KEY.decode()}' with a 'label_map' (or Hugging Face "
+        f"ClassLabel names), found keys {sorted(k.decode() for k in (meta or {}))}; pass label_map= explicitly "
+        "(e.g. data/label_map.json)")
+
+
+def load_label_map(path: str | os.PathLike) -> dict[str, Any]:
+    """Read `data/label_map.json` (docs/CONTRACTS.md)."""
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """Every row group of every shard, in order: `files[file_of[u]]`, row group `group_of[u]`, `rows[u]` rows.
+
+    `starts[u]` is the global index of the first row of unit u; `starts[-1]` is the total row count."""
+
+    files: tuple[Path, ...]
+    file_of: np.ndarray
+    group_of: np.ndarray
+    rows: np.ndarray
+    starts: np.ndarray
+    label_map: dict[str, Any]
+
+    @classmethod
+    def build(cls, files: Sequence[Path], label_map: dict[str, Any] | None = None) -> "ShardIndex":
+        """Read only the Parquet footers (no data pages) and check every shard carries the same label map."""
+        file_of, group_of, rows = [], [], []
+        found: dict[str, Any] | None = None
+        for i, path in enumerate(files):
+            meta = pq.read_metadata(path)
+            if label_map is None:
+                this = label_map_from_metadata(meta.metadata, path)
+                if found is not None and this != found:
+                    raise ValueError(f"{path}: expected the same label map as {files[0]}, found a different one; "
+                                     "mixing shards from different conversions is not supported")
+                found = this
+            for g in range(meta.num_row_groups):
+                file_of.append(i)
+                group_of.append(g)
+                rows.append(meta.row_group(g).num_rows)
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(rows_arr)]).astype(np.int64)
+        return cls(tuple(Path(p) for p in files), np.asarray(file_of, dtype=np.int64),
+                   np.asarray(group_of, dtype=np.int64), rows_arr, starts, label_map or found or {})
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Global row index -> (unit, row within the unit's row group)."""
+        unit = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return unit, index - int(self.starts[unit])
+
+
+class RowGroupReader:
+    """Reads one row group's `columns` at a time, keeps the `cache_size` most recently used ones.
+
+    Reads are single-threaded: DataLoader workers are the parallelism (Arrow's thread pool inside each worker
+    measured ~3x slower per row group on a busy 2-core machine).
+
+    Open files are per process and never pickled; after a fork (DataLoader worker) they are reopened."""
+
+    def __init__(self, index: ShardIndex, columns: Sequence[str], cache_size: int = 4, max_open: int = 64):
+        if cache_size < 1:
+            raise ValueError(f"cache_size: expected >= 1 row groups, found {cache_size}")
+        self.index = index
+        self.columns = list(columns)
+        self.cache_size = cache_size
+        self.max_open = max_open
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_files"], state["_cache"] = OrderedDict(), OrderedDict()
+        return state
+
+    @property
+    def open_files(self) -> int:
+        return len(self._files) if self._pid == os.getpid() else 0
+
+    @property
+    def cached_units(self) -> list[int]:
+        return list(self._cache) if self._pid == os.getpid() else []
+
+    def _file(self, i: int) -> pq.ParquetFile:
+        handle = self._files.get(i)
+        if handle is None:
+            while len(self._files) >= self.max_open:
+                self._files.popitem(last=False)[1].close()
+            handle = self._files[i] = pq.ParquetFile(self.index.files[i])
+        self._files.move_to_end(i)
+        return handle
+
+    def read(self, unit: int) -> pa.Table:
+        """The row group `unit` (columns only), from the LRU cache when recent."""
+        if self._pid != os.getpid():
+            self._reset()
+        table = self._cache.get(unit)
+        if table is None:
+            pf = self._file(int(self.index.file_of[unit]))
+            table = pf.read_row_group(int(self.index.group_of[unit]), columns=self.columns, use_threads=False)
+            self._cache[unit] = table
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(unit)
+        return table
+
+    def read_uncached(self, unit: int) -> pa.Table:
+        """A row group read for a single pass (the iterable dataset): not kept in the cache."""
+        if self._pid != os.getpid():
+            self._reset()
+        pf = self._file(int(self.index.file_of[unit]))
+        return pf.read_row_group(int(self.index.group_of[unit]), columns=self.columns, use_threads=False)

@@ -1,0 +1,118 @@
+"""The contact sheet: a few thumbnails per class, train next to val, captioned with label index, wnid and name.
+
+"Look at a batch before training": a val set whose labels are shifted shows as rows whose val pictures do not
+match their train pictures. Rows are read from the row groups that hold them (never a whole split), and the
+PNG bytes are deterministic (fixed layout, Pillow's built-in font, no metadata)."""
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from PIL import Image, ImageDraw, ImageFont, ImageOps
+
+from tasks.common import atomic_path
+from tasks.parquet_scan import SPLITS, iter_row_groups, list_shards
+
+THUMB = 72  # thumbnail box, px
+CELL = THUMB + 4
+CAPTION_WIDTH = 260
+MARGIN, GAP, HEADER = 8, 16, 24
+Picks = dict[tuple[str, int], list[tuple[Path, int]]]
+
+
+def shown_labels(num_classes: int, max_classes: int) -> list[int]:
+    """All labels, or `max_classes` of them evenly spaced from first to last."""
+    if num_classes <= max_classes:
+        return list(range(num_classes))
+    if max_classes <= 1:
+        return [0][:max_classes]
+    return sorted({round(i * (num_classes - 1) / (max_classes - 1)) for i in range(max_classes)})
+
+
+def select_rows(shards: dict[str, list[Path]], labels: list[int], per_class: int) -> Picks:
+    """The first `per_class` rows of each shown label per split, in shard order (reads the label column only)."""
+    wanted, picks = set(labels), defaultdict(list)
+    for split in SPLITS:
+        for path in shards[split]:
+            column = pq.read_table(path, columns=["label"]).column("label").to_pylist()
+            for row, label in enumerate(column):
+                if label in wanted and len(picks[split, label]) < per_class:
+                    picks[split, label].append((path, row))
+    return dict(picks)
+
+
+def thumbnail(data: bytes | memoryview) -> Image.Image | None:
+    """An RGB thumbnail within THUMB x THUMB (as a PIL loader sees the pixels), None when undecodable."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (THUMB, THUMB))
+            rgb = image.convert("RGB")
+    except Exception:  # the decode check reports it; the sheet shows an empty cell
+        return None
+    return ImageOps.contain(rgb, (THUMB, THUMB), Image.Resampling.BILINEAR)
+
+
+def read_thumbnails(picks: Picks) -> dict[tuple[Path, int], Image.Image | None]:
+    """Thumbnails of the picked rows, reading only the row groups that hold them."""
+    rows_by_file: dict[Path, set[int]] = defaultdict(set)
+    for rows in picks.values():
+        for path, row in rows:
+            rows_by_file[path].add(row)
+    thumbs = {}
+    for path in sorted(rows_by_file):
+        wanted = rows_by_file[path]
+        for start, blobs in iter_row_groups(path, wanted):
+            for row in sorted(r for r in wanted if start <= r < start + len(blobs)):
+                blob = blobs[row - start]
+                thumbs[path, row] = thumbnail(memoryview(blob.as_buffer())) if blob.is_valid else None
+    return thumbs
+
+
+def draw_sheet(label_map: dict[str, Any], labels: list[int], picks: Picks,
+               thumbs: dict[tuple[Path, int], Image.Image | None], per_class: int) -> Image.Image:
+    """One row per shown class: caption, `per_class` train thumbnails, then `per_class` val thumbnails."""
+    width = 2 * MARGIN + CAPTION_WIDTH + 2 * per_class * CELL + GAP
+    sheet = Image.new("RGB", (width, HEADER + MARGIN + len(labels) * CELL), "white")
+    draw, font = ImageDraw.Draw(sheet), ImageFont.load_default(size=13)
+    x0 = {"train": MARGIN + CAPTION_WIDTH, "val": MARGIN + CAPTION_WIDTH + per_class * CELL + GAP}
+    for split, x in x0.items():
+        draw.text((x, 4), split, fill="black", font=font)
+    classes = {c["label"]: c for c in label_map["classes"]}
+    for line, label in enumerate(labels):
+        y = HEADER + line * CELL
+        cls = classes[label]
+        draw.text((MARGIN, y + 6), f"{label}  {cls['wnid']}", fill="black", font=font)
+        draw.text((MARGIN, y + 26), cls["name"][:34], fill="dimgray", font=font)
+        for split, x in x0.items():
+            rows = picks.get((split, label), [])
+            for slot in range(per_class):
+                box = (x + slot * CELL, y, x + slot * CELL + THUMB - 1, y + THUMB - 1)
+                image = thumbs.get(rows[slot]) if slot < len(rows) else None
+                _paste(sheet, draw, box, image, missing=slot >= len(rows))
+    return sheet
+
+
+def _paste(sheet: Image.Image, draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int],
+           image: Image.Image | None, missing: bool) -> None:
+    draw.rectangle(box, fill="#eeeeee")
+    if image is not None:
+        sheet.paste(image, (box[0] + (THUMB - image.width) // 2, box[1] + (THUMB - image.height) // 2))
+    elif not missing:  # a row whose bytes do not decode: a red cross
+        draw.line(box, fill="red", width=2)
+        draw.line((box[0], box[3], box[2], box[1]), fill="red", width=2)
+
+
+def write_contact_sheet(parquet_dir: str | Path, label_map_path: str | Path, out_png: str | Path,
+                        per_class: int, max_classes: int) -> Path:
+    """Write the contact sheet PNG atomically; returns its path."""
+    label_map = json.loads(Path(label_map_path).read_text(encoding="utf-8"))
+    labels = shown_labels(label_map["num_classes"], max_classes)
+    picks = select_rows(list_shards(parquet_dir), labels, per_class)
+    sheet = draw_sheet(label_map, labels, picks, read_thumbnails(picks), per_class)
+    with atomic_path(out_png) as tmp:
+        sheet.save(tmp, "PNG")
+    return Path(out_png)

@@ -1,0 +1,251 @@
+"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-NNNNN-of-NNNNN.parquet.
+
+`prepare` plans shards (deterministically, from the manifests alone), `convert_shard` writes one shard streaming
+row groups (resuming: a shard finished for the same plan is kept), `finalize` writes bad_images.jsonl and the
+metrics. `run_local` chains them over a process pool without Prefect (library use, benchmarks)."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import PIL
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from tasks.common import PipelineError, atomic_path, dumps_json, write_json
+from tasks.convert_params import SPLITS, Job
+from tasks.hf_meta import class_names, shard_schema
+from tasks.imaging import BadImage, encode_image
+from tasks.shards import (ShardPlan, finished_stats, plan_split, read_exact, remove_stale,
+                          write_shard)
+
+FORMAT_VERSION = 1  # bump when the bytes written for the same inputs change
+MANIFEST_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]
+BAD_IMAGES = "bad_images.jsonl"
+
+
+def prepare(job: Job) -> list[ShardPlan]:
+    """Validate the inputs, plan every split's shards, and drop files of older plans from the output dirs."""
+    label_map = _label_map(job.label_map)
+    wnid_label = {c["wnid"]: c["label"] for c in label_map["classes"]}
+    base = _base_key(job)
+    plans: list[ShardPlan] = []
+    for split in job.splits():
+        table = _manifest(job.manifest(split))
+        _check_labels(job.manifest(split), table, wnid_label)
+        split_plans = plan_split(split, table.column("size").to_pylist(), job.target_bytes, base)
+        remove_stale(job.parquet / split, {p.name for p in split_plans})
+        plans += split_plans
+    if not plans:
+        raise PipelineError(f"{job.manifests}: expected manifests {[f'{s}.parquet' for s in SPLITS]}, found none; "
+                            "run the extract stage first (`dvc repro extract`)")
+    return plans
+
+
+def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
+    """Write one shard (or keep it when a previous run finished it for this exact plan); return its stats."""
+    shard, stats_path = job.shard_path(plan), job.stats_path(plan)
+    done = finished_stats(plan, shard, stats_path)
+    if done is not None:
+        return {**done, "resumed": True}
+    started = time.perf_counter()
+    label_map = _label_map(job.label_map)
+    rows = _manifest(job.manifest(plan.split)).slice(plan.start, plan.stop - plan.start).to_pylist()
+    schema = shard_schema(label_map, job.output_params(), plan.split)
+    tally = _Tally(split=plan.split)
+    count = write_shard(shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally))
+    stats = {"key": plan.key, "shard": plan.name, "split": plan.split, "count": count, "bad": tally.bad,
+             "input_bytes": plan.input_bytes, "image_bytes": tally.image_bytes,
+             "file_bytes": shard.stat().st_size, "row_groups": pq.read_metadata(shard).num_row_groups,
+             "seconds": round(time.perf_counter() - started, 3)}
+    write_json(stats_path, stats)
+    return {**stats, "resumed": False}
+
+
+def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Write bad_images.jsonl (plan order) and the metrics; fail when bad images exceed max_bad_fraction."""
+    by_shard = {(r["split"], r["shard"]): r for r in results}
+    ordered = [by_shard[(p.split, p.name)] for p in plans]
+    bad = [record for r in ordered for record in r["bad"]]
+    with atomic_path(job.parquet / BAD_IMAGES) as tmp:
+        tmp.write_text("".join(json.dumps(b, sort_keys=True) + "\n" for b in bad), encoding="utf-8")
+    metrics = _metrics(ordered, seconds)
+    write_json(job.metrics, metrics)
+    _check_bad_fraction(job, metrics)
+    return metrics
+
+
+def run_local(job: Job, workers: int = 1, progress: bool = True, pool: Executor | None = None) -> dict[str, Any]:
+    """The whole stage without Prefect: shards over `workers` processes (1 = in this process), or on `pool`."""
+    started = time.perf_counter()
+    plans = prepare(job)
+    bar = Progress(plans, enabled=progress)
+    if pool is None and workers <= 1:
+        results = [bar.update(convert_shard(job, plan)) for plan in plans]
+    else:
+        # forkserver: workers fork from a clean server process, not from a caller that may hold threads/locks
+        own = pool or ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+        try:
+            futures = [own.submit(convert_shard, job, plan) for plan in plans]
+            results = [bar.update(f.result()) for f in as_completed(futures)]
+        finally:
+            if pool is None:
+                own.shutdown()
+    bar.close()
+    return finalize(job, plans, results, time.perf_counter() - started)
+
+
+class Progress:
+    """Progress bar over images (shard granularity): images, MB/s, ETA."""
+
+    def __init__(self, plans: list[ShardPlan], enabled: bool = True) -> None:
+        self.started = time.perf_counter()
+        self.bytes = 0
+        self.bar = tqdm(total=sum(p.stop - p.start for p in plans), unit="img", unit_scale=True,
+                        desc="convert", disable=not enabled, dynamic_ncols=True)
+
+    def update(self, stats: dict[str, Any]) -> dict[str, Any]:
+        self.bytes += stats["input_bytes"]
+        mb_s = self.bytes / 1e6 / max(time.perf_counter() - self.started, 1e-9)
+        self.bar.set_postfix_str(f"{mb_s:.1f} MB/s", refresh=False)
+        self.bar.update(stats["count"] + len(stats["bad"]))
+        return stats
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass
+class _Tally:
+    split: str
+    image_bytes: int = 0
+    bad: list[dict[str, str]] = field(default_factory=list)
+
+
+def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally: _Tally) -> Iterator[dict[str, Any]]:
+    """Read each image through the manifest (pread), apply the policy, yield rows in schema order."""
+    with _Sources(job.root) as sources:
+        for row in rows:
+            data = sources.read(row["source"], row["offset"], row["size"])
+            try:
+                enc = encode_image(data, job.policy)
+            except BadImage as err:
+                tally.bad.append({"split": tally.split, "source": row["source"], "member": row["member"],
+                                  "name": row["name"], "reason": str(err)})
+                continue
+            tally.image_bytes += len(enc.data)
+            yield {"image": {"bytes": enc.data, "path": row["name"]}, "label": row["label"], "wnid": row["wnid"],
+                   "label_name": names[row["label"]], "width": enc.width, "height": enc.height,
+                   "source_format": enc.source_format, "transform": enc.transform,
+                   "exif_orientation": enc.exif_orientation, "sha256": hashlib.sha256(enc.data).hexdigest()}
+
+
+class _Sources:
+    """Open source files (relative to the repo root), one at a time: archives are read by many rows in a row."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.path, self.fd = root, None, -1
+
+    def __enter__(self) -> _Sources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+    def read(self, source: str, offset: int, size: int) -> bytes:
+        if source != self.path:
+            self.__exit__()
+            try:
+                self.fd = os.open(self.root / source, os.O_RDONLY)
+            except OSError as err:
+                raise PipelineError(f"{source}: expected the file named by the manifest, found {err.strerror}; "
+                                    "re-run `dvc repro` (download, verify, extract)") from None
+            self.path = source
+        return read_exact(self.fd, size, offset, source)
+
+
+@functools.lru_cache(maxsize=4)
+def _manifest_cached(path: str, mtime_ns: int, size: int) -> pa.Table:
+    return pq.read_table(path, columns=MANIFEST_COLUMNS)
+
+
+def _manifest(path: Path) -> pa.Table:
+    """The manifest columns convert needs, read once per process (keyed by path, mtime and size)."""
+    try:
+        st = path.stat()
+        return _manifest_cached(str(path), st.st_mtime_ns, st.st_size)
+    except (OSError, pa.ArrowInvalid, KeyError) as err:
+        raise PipelineError(f"{path}: expected a manifest with columns {MANIFEST_COLUMNS} (docs/CONTRACTS.md), "
+                            f"found: {err}; re-run the extract stage") from None
+
+
+def _label_map(path: Path) -> dict[str, Any]:
+    try:
+        label_map = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"{path}: expected the label map JSON, found: {err}; re-run the extract stage") from None
+    class_names(label_map)  # validates
+    return label_map
+
+
+def _check_labels(path: Path, table: pa.Table, wnid_label: dict[str, int]) -> None:
+    pairs = table.select(["wnid", "label"]).group_by(["wnid", "label"]).aggregate([]).to_pylist()
+    wrong = sorted((p["wnid"], p["label"]) for p in pairs if wnid_label.get(p["wnid"]) != p["label"])
+    if wrong:
+        raise PipelineError(f"{path}: expected every (wnid, label) to match the label map, found {len(wrong)} "
+                            f"that do not, e.g. {wrong[:3]}; re-run the extract stage so both agree")
+
+
+def _base_key(job: Job) -> str:
+    """Identity of the inputs and the output-relevant params: a shard finished under another key is redone."""
+    inputs = {split: _digest(job.manifest(split)) for split in job.splits()}
+    identity = {"manifests": inputs, "label_map": _digest(job.label_map), "params": job.output_params(),
+                "format": FORMAT_VERSION, "pyarrow": pa.__version__, "pillow": PIL.__version__}
+    return hashlib.sha256(dumps_json(identity).encode()).hexdigest()
+
+
+def _digest(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _metrics(results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    splits: dict[str, dict[str, int]] = {}
+    for r in results:
+        s = splits.setdefault(r["split"], {"rows": 0, "bad_images": 0, "shards": 0, "image_bytes": 0,
+                                           "file_bytes": 0, "input_bytes": 0})
+        s["rows"] += r["count"]
+        s["bad_images"] += len(r["bad"])
+        s["shards"] += 1
+        for key in ("image_bytes", "file_bytes", "input_bytes"):
+            s[key] += r[key]
+    fresh = [r for r in results if not r["resumed"]]
+    done = sum(r["count"] + len(r["bad"]) for r in fresh)
+    return {"splits": splits, "rows": sum(s["rows"] for s in splits.values()),
+            "bad_images": sum(s["bad_images"] for s in splits.values()),
+            "resumed_shards": len(results) - len(fresh), "seconds": round(seconds, 3),
+            "images_per_s": round(done / seconds, 1) if seconds > 0 else 0.0,
+            "mb_per_s": round(sum(r["input_bytes"] for r in fresh) / 1e6 / seconds, 1) if seconds > 0 else 0.0}
+
+
+def _check_bad_fraction(job: Job, metrics: dict[str, Any]) -> None:
+    for split, s in metrics["splits"].items():
+        total = s["rows"] + s["bad_images"]
+        fraction = s["bad_images"] / total if total else 0.0
+        if fraction > job.max_bad_fraction:
+            raise PipelineError(
+                f"{job.parquet / BAD_IMAGES}: expected at most max_bad_fraction={job.max_bad_fraction} bad images "
+                f"in split '{split}', found {s['bad_images']} of {total} ({fraction:.4%}); inspect the reasons "
+                "in that file, fix or drop the sources, or raise `convert.max_bad_fraction` in params.yaml")
+

@@ -1,0 +1,137 @@
+"""download stage: put the three ILSVRC2012 archives under paths.raw.
+
+Sources (params.yaml `download:`): `sample` (the built-in sample), a local path or `file://` URL (hard-linked
+when on the same filesystem, else symlinked — a 138 GB archive is never copied), `http(s)://` and any fsspec
+URL such as `s3://` (streamed by tasks.fetch: resumable, retried, MD5 while streaming). Free disk space is
+checked against what is still to fetch before anything is written. `download.json` records, per archive, the
+source (credentials redacted), size, MD5 when it was computed on the way in, and how the file was obtained."""
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tasks.common import ARCHIVES, PipelineError, write_json
+from tasks.fetch import FetchOptions, RetryableError, kind, redact, remote_size, resumable_download
+from tasks.md5state import cached_md5, remember_md5
+from tasks.sample import MD5_TABLE, write_sample
+
+__all__ = ["FetchOptions", "RetryableError", "archive_sources", "check_free_space", "fetch_archive",
+           "fetch_sample", "link_local", "space_needed", "write_download_json"]
+GB = 1e9
+SPACE_MARGIN = 64 << 20  # keep a little room for everything else on the disk
+
+
+# ---------------------------------------------------------------- sources
+def archive_sources(params: dict[str, Any]) -> dict[str, str]:
+    """{archive name: source}: the per-archive override, else `<download.source>/<official name>`."""
+    source = str(params.get("source") or "sample")
+    sources = {}
+    for key, name in ARCHIVES.items():
+        override = params.get(key)
+        if override:
+            sources[name] = str(override)
+        elif source == "sample":
+            sources[name] = "sample"
+        else:
+            sep = "" if source.endswith("/") else "/"
+            sources[name] = f"{source}{sep}{name}" if "://" in source else str(Path(source) / name)
+    return sources
+
+
+def local_path(source: str) -> Path:
+    parts = urlsplit(source)
+    if parts.scheme == "file":
+        return Path(urllib.request.url2pathname(parts.path))
+    return Path(source).expanduser()
+
+
+def check_free_space(raw_dir: Path, needed: dict[str, int]) -> None:
+    """Fail before writing anything when the archives to fetch do not fit on the disk of raw_dir."""
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    total = sum(needed.values())
+    free = shutil.disk_usage(raw_dir).free
+    if total + SPACE_MARGIN > free:
+        raise PipelineError(
+            f"{raw_dir}: downloading {', '.join(sorted(needed))} needs {total / GB:.2f} GB free (+ "
+            f"{SPACE_MARGIN >> 20} MiB margin), found {free / GB:.2f} GB free. Free some space or point "
+            "paths.raw at a larger disk (the full ILSVRC2012: ~147 GB of archives, about as much again for "
+            "Parquet — make sure there are 300 GB free).")
+
+
+# ---------------------------------------------------------------- one archive
+def link_local(source: str, dest: Path) -> str:
+    """Reference a local archive from dest: hard link (same filesystem) else symlink. Never copies."""
+    src = local_path(source)
+    if not src.is_file():
+        raise PipelineError(f"{src}: expected the archive {dest.name} here, found "
+                            f"{'a directory' if src.is_dir() else 'nothing'}. Set download.source to the "
+                            "directory holding the three official archives (or the per-archive path) in params.yaml.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+        how = "hardlink"
+    except OSError:  # another filesystem (EXDEV) or links not allowed: reference it instead
+        os.symlink(src.resolve(), tmp)
+        how = "symlink"
+    os.replace(tmp, dest)
+    return how
+
+
+def _unchanged_download(dest: Path, source: str, cache_file: Path) -> str | None:
+    """The MD5 of an earlier complete download of the same source, when dest is still those bytes."""
+    if not dest.is_file() or (dest.with_name(dest.name + ".part")).exists():
+        return None
+    md5, origin = cached_md5(dest, cache_file)
+    return md5 if origin == f"download {redact(source)}" else None
+
+
+def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path) -> dict[str, Any]:
+    """Bring one archive to raw_dir/name; returns its download.json record."""
+    dest = raw_dir / name
+    how = kind(source)
+    if how == "local":
+        method = link_local(source, dest)
+        return {"source": source, "bytes": dest.stat().st_size, "md5": None, "method": method}
+    origin = f"download {redact(source)}"
+    md5 = _unchanged_download(dest, source, cache_file)
+    if md5 is None:
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        _size, md5 = resumable_download(source, dest, opts)
+        remember_md5(dest, md5, cache_file, origin)
+    return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
+
+
+def fetch_sample(raw_dir: Path, sample_params: dict[str, Any], cache_file: Path) -> dict[str, dict[str, Any]]:
+    """Write the built-in sample into raw_dir; returns the download.json records of its archives."""
+    md5s = write_sample(raw_dir, **{k: sample_params[k] for k in
+                                    ("classes", "train_per_class", "val_per_class", "seed")})
+    records = {}
+    for name, md5 in md5s.items():
+        remember_md5(raw_dir / name, md5, cache_file, "sample")
+        records[name] = {"source": "sample", "bytes": (raw_dir / name).stat().st_size, "md5": md5,
+                         "method": "sample"}
+    return records
+
+
+def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cache_file: Path) -> dict[str, int]:
+    """Bytes still to fetch per network archive (what is already in `.part` or complete does not count)."""
+    needed = {}
+    for name, source in sources.items():
+        if kind(source) in ("sample", "local") or _unchanged_download(raw_dir / name, source, cache_file):
+            continue
+        part = raw_dir / f"{name}.part"
+        needed[name] = max(0, (remote_size(source, opts) or 0) - (part.stat().st_size if part.exists() else 0))
+    return needed
+
+
+def write_download_json(raw_dir: Path, params: dict[str, Any], records: dict[str, dict[str, Any]]) -> Path:
+    if any(r["method"] != "sample" for r in records.values()):
+        (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
+    return write_json(raw_dir / "download.json",
+                      {"source": redact(str(params.get("source") or "sample")), "archives": records})

@@ -1,0 +1,155 @@
+"""Extract stage: index the archives (or an ImageFolder tree) into per-split manifests and one label map.
+
+Nothing is copied: a manifest row says where an image's bytes lie (`source`, `offset`, `size`), so reading it
+is one `pread` from the verified archive. Steps (each a Prefect task in flows/extract.py):
+`scan_archive_split` / `scan_folder_split_to` write a staging index per split under `<work>/extract/`;
+`finalize` labels val, applies the class subset, checks train/val agree and writes the outputs of
+docs/CONTRACTS.md; `tasks.imagefolder.materialize` optionally writes an ImageFolder tree."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks import devkit as dk
+from tasks import labels
+from tasks.common import PipelineError, atomic_path, write_json
+from tasks.folder import scan_folder_split, source_path
+from tasks.tarindex import index_nested, index_tar
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val")
+MANIFEST_SCHEMA = pa.schema([
+    ("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()), ("name", pa.string()),
+    ("source", pa.string()), ("member", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
+])
+STAGING_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name not in ("split", "label")])
+SORT_KEYS = [(key, "ascending") for key in ("wnid", "name", "source", "member", "offset")]
+
+
+def check_params(cfg: dict[str, Any]) -> None:
+    """Fail early (before hours of scanning) on a malformed `extract:` section."""
+    problems = []
+    if cfg.get("mode") not in ("archives", "folder"):
+        problems.append(f"mode: expected archives or folder, found {cfg.get('mode')!r}")
+    if cfg.get("mode") == "folder" and not cfg.get("folder"):
+        problems.append("folder: expected the root of the train/<wnid>, val/<wnid> tree, found null")
+    if not isinstance(cfg.get("materialize"), bool):
+        problems.append(f"materialize: expected true or false, found {cfg.get('materialize')!r}")
+    if problems:
+        raise PipelineError("params.yaml extract: " + "; ".join(problems) + "; fix params.yaml")
+    labels.read_class_list(cfg.get("classes", "all"))
+
+
+def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str,
+                   reported: list[dict[str, str]]) -> Path:
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(staging_dir / f"{split}.parquet") as tmp:
+        pq.write_table(table, tmp)
+    write_json(staging_dir / f"{split}.scan.json", {"where": where, "reported": reported})
+    return staging_dir / f"{split}.parquet"
+
+
+def scan_archive_split(split: str, archive: str | os.PathLike, staging_dir: str | os.PathLike,
+                       root: str | os.PathLike = ".") -> Path:
+    """Index the train archive (nested per-class tars) or the val archive; return the staging index path."""
+    source = source_path(archive, root)
+    index = index_nested if split == "train" else index_tar
+    entries, reported = index(archive, split, source)
+    columns = {name: [getattr(e, name) for e in entries] for name in ("wnid", "name", "member", "offset", "size")}
+    table = pa.Table.from_pydict({**columns, "source": [source] * len(entries)}, schema=STAGING_SCHEMA)
+    log.info("%s: indexed %d images of %s", split, table.num_rows, archive)
+    return _write_staging(Path(staging_dir), split, table, str(archive), reported)
+
+
+def scan_folder_split_to(split: str, folder: str | os.PathLike, staging_dir: str | os.PathLike,
+                         root: str | os.PathLike = ".") -> Path:
+    """Index `<folder>/<split>/<wnid>/*` (folder mode); return the staging index path."""
+    rows, reported = scan_folder_split(folder, split, root)
+    table = pa.Table.from_pylist(rows, schema=STAGING_SCHEMA)
+    return _write_staging(Path(staging_dir), split, table, str(Path(folder) / split), reported)
+
+
+def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, Any]]:
+    scan = json.loads((staging_dir / f"{split}.scan.json").read_text(encoding="utf-8"))
+    return pq.read_table(staging_dir / f"{split}.parquet", schema=STAGING_SCHEMA), scan
+
+
+def _label_val(val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None
+               ) -> tuple[pa.Table, dict[str, labels.Synset], str, str]:
+    """Archives mode: give every val row its wnid; return (val, catalog, catalog name, label source)."""
+    names = val.column("name").to_pylist()
+    devkit = dk.read_devkit(devkit_path) if devkit_path and (val_labels == "devkit" or devkit_path.exists()) else None
+    catalog = devkit.leaves if devkit else labels.shipped_synsets()
+    catalog_name = f"{devkit_path}:{dk.META}" if devkit else "tasks/data/synsets.tsv"
+    if val_labels == "devkit":
+        mapping = dk.labels_from_devkit(devkit, names, f"{devkit_path}:{dk.GROUND_TRUTH}")  # type: ignore[arg-type]
+    else:
+        mapping = dk.read_label_csv(val_labels)
+        dk.check_label_coverage(mapping, names, val_labels, val_where)
+    wnids = pa.array([mapping[name] for name in names], pa.string())
+    return val.set_column(val.schema.get_field_index("wnid"), "wnid", wnids), catalog, catalog_name, \
+        "devkit" if val_labels == "devkit" else "csv"
+
+
+def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table:
+    kept = table.filter(pc.is_in(table.column("wnid"), pa.array(sorted(label_of), pa.string())))
+    kept = kept.sort_by(SORT_KEYS)
+    added = {"split": pa.array([split] * kept.num_rows, pa.string()),
+             "label": pa.array([label_of[w] for w in kept.column("wnid").to_pylist()], pa.int64())}
+    arrays = [added[f.name] if f.name in added else kept.column(f.name) for f in MANIFEST_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA).combine_chunks()
+
+
+def _write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
+    manifests_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(manifests_dir / f"{split}.parquet") as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def finalize(staging_dir: str | os.PathLike, manifests_dir: str | os.PathLike, label_map_path: str | os.PathLike,
+             mode: str = "archives", val_labels: str = "devkit", classes: str = "all",
+             devkit_path: str | os.PathLike | None = None, imagefolder: str | None = None) -> dict[str, Any]:
+    """Label val, select classes, check train/val agree; write manifests, extract_report.json, label map."""
+    staging = {split: _read_staging(Path(staging_dir), split) for split in SPLITS}
+    tables = {split: table for split, (table, _) in staging.items()}
+    where = {split: scan["where"] for split, (_, scan) in staging.items()}
+    reported = [item for split in SPLITS for item in staging[split][1]["reported"]]
+    _log_reported(reported)
+    if mode == "folder":
+        catalog, catalog_name, label_source = labels.shipped_synsets(), "tasks/data/synsets.tsv", "folder"
+    else:
+        tables["val"], catalog, catalog_name, label_source = _label_val(
+            tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None)
+    found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
+    for split in SPLITS:
+        labels.check_known(found[split], catalog, where[split], catalog_name)
+    keep = labels.select_classes(found["train"], found["val"], labels.read_class_list(classes),
+                                 where["train"], where["val"])
+    label_map = labels.label_map(keep, catalog, label_source)
+    label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
+    counts = {}
+    for split in SPLITS:
+        manifest = _manifest(split, tables[split], label_of)
+        _write_manifest(Path(manifests_dir), split, manifest)
+        counts[split] = (manifest.num_rows, tables[split].num_rows - manifest.num_rows)
+    report = {"mode": mode, "label_source": label_source, "classes": str(classes), "num_classes": len(keep),
+              "images": {s: n for s, (n, _) in counts.items()}, "outside_subset": {s: n for s, (_, n) in counts.items()},
+              "reported": reported, "imagefolder": imagefolder}
+    write_json(Path(manifests_dir) / "extract_report.json", report)
+    write_json(label_map_path, label_map)
+    return report
+
+
+def _log_reported(reported: list[dict[str, str]], limit: int = 20) -> None:
+    for item in reported[:limit]:
+        log.warning("%s: %s %s: %s (%s)", item["split"], item["source"], item["member"], item["reason"], item["action"])
+    if len(reported) > limit:
+        log.warning("… %d more reported files: see extract_report.json (or the staging *.scan.json)",
+                    len(reported) - limit)

@@ -1,0 +1,163 @@
+"""Encoding policy for one image: keep the archive's bytes when they are a clean JPEG, change only what must change.
+
+`encode_image(data, policy)` returns the bytes to store plus what was found and done, or raises `BadImage` with a
+short reason (the image is then quarantined, never written)."""
+from __future__ import annotations
+
+import io
+import re
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+from tasks.jpeg_header import read_header
+
+ORIENTATION_TAG = 0x0112
+PASSTHROUGH_MODES = ("RGB", "L")  # JPEG modes every loader reads as-is (L: grayscale)
+
+
+class BadImage(ValueError):
+    """The bytes are not a usable image; `str(err)` is the reason recorded in bad_images.jsonl."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What to do with each image (the output-relevant part of params.yaml `convert:`)."""
+
+    policy: str = "passthrough"  # passthrough | reencode
+    quality: int = 90
+    resize_shorter: int | None = None
+    exif: str = "keep"  # keep | transpose
+    max_image_pixels: int = 178956970
+    full_decode: bool = False  # also decode images stored byte-for-byte (catches corrupt entropy data)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    data: bytes
+    width: int
+    height: int
+    source_format: str
+    transform: str
+    exif_orientation: int
+
+
+def encode_image(data: bytes, policy: Policy) -> Encoded:
+    """Apply `policy` to one image's bytes (see the module docstring)."""
+    if not data:
+        raise BadImage("empty: 0 bytes")
+    kept = _keep_as_is(data, policy)
+    if kept is not None:
+        return kept
+    im = _open(data, policy.max_image_pixels)
+    fmt = im.format or "unknown"
+    orientation = _orientation(im)
+    steps = _needed_steps(im, fmt, orientation, policy)
+    if steps is None:
+        if fmt == "JPEG" and not _has_end_marker(data):
+            raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
+        if policy.full_decode:
+            _load(im)
+        return Encoded(data, im.width, im.height, fmt, "none", orientation)
+    _load(im)
+    return _reencode(im, fmt, orientation, steps, policy)
+
+
+def _keep_as_is(data: bytes, policy: Policy) -> Encoded | None:
+    """Fast path without Pillow: a plain RGB/grayscale JPEG that the policy keeps untouched (None = ask Pillow)."""
+    head = read_header(data)
+    if head is None or policy.policy != "passthrough" or policy.full_decode:
+        return None
+    if head.width * head.height > policy.max_image_pixels:
+        return None  # Pillow's path reports it
+    if (policy.exif == "transpose" and head.orientation != 1) or (
+            policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter):
+        return None
+    if not _has_end_marker(data):
+        raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
+    return Encoded(data, head.width, head.height, "JPEG", "none", head.orientation)
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as err:
+        raise BadImage(f"decompression_bomb: {err}") from None
+    except Exception as err:  # Pillow raises UnidentifiedImageError, SyntaxError, struct.error...
+        raise BadImage(f"not_an_image: {_describe(err)}") from None
+    if im.width * im.height > max_pixels:
+        raise BadImage(f"decompression_bomb: {im.width}x{im.height} pixels > max_image_pixels={max_pixels}")
+    if im.width < 1 or im.height < 1:
+        raise BadImage(f"undecodable: size {im.width}x{im.height}")
+    return im
+
+
+def _load(im: Image.Image) -> None:
+    try:
+        im.load()
+    except Exception as err:
+        reason = "truncated" if "truncated" in str(err) else "undecodable"
+        raise BadImage(f"{reason}: {_describe(err)}") from None
+
+
+def _describe(err: Exception) -> str:
+    """`Type: message` without object addresses (bad_images.jsonl must be byte-identical across runs)."""
+    return f"{type(err).__name__}: " + re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "<bytes>", str(err))
+
+
+def _orientation(im: Image.Image) -> int:
+    """EXIF orientation found (1 when absent or outside the valid 1..8, which loaders ignore too)."""
+    try:
+        value = im.getexif().get(ORIENTATION_TAG, 1)
+    except Exception:
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _has_end_marker(data: bytes) -> bool:
+    """A complete JPEG has EOI (FFD9) after its last SOS (FFDA); neither can occur inside entropy-coded data."""
+    return data.endswith(b"\xff\xd9") or data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda")
+
+
+def _needed_steps(im: Image.Image, fmt: str, orientation: int, policy: Policy) -> list[str] | None:
+    """Steps (in the contract's vocabulary) before the final JPEG encode; None = keep the bytes untouched."""
+    convert = [] if fmt == "JPEG" else [f"{fmt.lower()}_to_jpeg"]
+    later = []
+    if policy.exif == "transpose" and orientation != 1:
+        later.append("exif_transpose")
+    if policy.resize_shorter and min(im.size) > policy.resize_shorter:  # min() is orientation-independent
+        later.append(f"resize_{policy.resize_shorter}")
+    encode = convert or later or policy.policy == "reencode" or im.mode not in PASSTHROUGH_MODES
+    if not encode:
+        return None
+    if im.mode != "RGB":  # anything we encode is encoded as RGB
+        convert.append("cmyk_to_rgb" if im.mode == "CMYK" else "to_rgb")
+    return convert + later
+
+
+def _reencode(im: Image.Image, fmt: str, orientation: int, steps: list[str], policy: Policy) -> Encoded:
+    icc = im.info.get("icc_profile") if im.mode == "RGB" else None  # a CMYK/other profile would lie about RGB
+    if "exif_transpose" in steps:
+        im = ImageOps.exif_transpose(im)
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    resize = next((s for s in steps if s.startswith("resize_")), None)
+    if resize:
+        im = _resize_shorter(im, policy.resize_shorter)
+    out = io.BytesIO()
+    im.save(out, format="JPEG", quality=policy.quality, icc_profile=icc, optimize=False, progressive=False)
+    done = [*steps, f"reencode_q{policy.quality}"]
+    return Encoded(out.getvalue(), im.width, im.height, fmt, "+".join(done), orientation)
+
+
+def _resize_shorter(im: Image.Image, target: int) -> Image.Image:
+    """Shorter side to `target` (Lanczos, with Pillow's reducing_gap pre-reduction for speed); never upscales."""
+    w, h = im.size
+    scale = target / min(w, h)
+    if scale >= 1:
+        return im
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return im.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)

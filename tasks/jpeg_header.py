@@ -1,0 +1,84 @@
+"""A strict, minimal JPEG header reader: the passthrough fast path (no Pillow object per image).
+
+`read_header(data)` walks the marker segments from SOI to the first SOS and returns the frame size, component
+count and EXIF orientation — what the encoding policy needs to keep an image byte-for-byte — or None whenever
+anything is unusual (then the caller asks Pillow, which knows every corner). Measured: ~10x cheaper than
+`PIL.Image.open` + `getexif()` per image (docs/notes/issue-4-note.md)."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+SOF_BASELINE_EXTENDED_PROGRESSIVE = (0xC0, 0xC1, 0xC2)  # Huffman-coded frames every loader decodes
+_NO_LENGTH = {0x01, *range(0xD0, 0xD8)}  # TEM, RSTn: standalone markers
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    width: int
+    height: int
+    components: int  # 1 = grayscale (Pillow mode L), 3 = YCbCr/RGB (mode RGB)
+    orientation: int  # EXIF orientation tag as found (1 when absent)
+
+
+def read_header(data: bytes) -> JpegHeader | None:
+    """The header of a plain 8-bit baseline/extended/progressive JPEG with 1 or 3 components, else None."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos, end, frame, orientation, exif_seen = 2, len(data), None, 1, False
+    while pos + 4 <= end:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _NO_LENGTH:
+            pos += 2
+            continue
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        body = pos + 4
+        if length < 2 or body + length - 2 > end:
+            return None
+        if marker == 0xDA:  # SOS: header over
+            return JpegHeader(*frame, orientation) if frame else None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            frame = _frame(data, marker, body, length)
+            if frame is None:
+                return None
+        elif marker == 0xE1 and not exif_seen and data.startswith(b"Exif\x00\x00", body):  # the first, as Pillow
+            exif_seen, orientation = True, _orientation(data[body + 6: body + length - 2])
+            if orientation is None:
+                return None
+        pos = body + length - 2
+    return None
+
+
+def _frame(data: bytes, marker: int, body: int, length: int) -> tuple[int, int, int] | None:
+    if marker not in SOF_BASELINE_EXTENDED_PROGRESSIVE or length < 8:
+        return None
+    precision, height, width, components = struct.unpack_from(">BHHB", data, body)
+    if precision != 8 or components not in (1, 3) or not width or not height:
+        return None
+    return width, height, components
+
+
+def _orientation(tiff: bytes) -> int | None:
+    """Orientation from IFD0 of an EXIF TIFF block: 1 when absent or outside 1..8; None when unparseable."""
+    if len(tiff) < 8 or tiff[:4] not in (b"II*\x00", b"MM\x00*"):
+        return None
+    order = "<" if tiff[0] == 0x49 else ">"
+    (ifd,) = struct.unpack_from(order + "I", tiff, 4)
+    if ifd + 2 > len(tiff):
+        return None
+    (count,) = struct.unpack_from(order + "H", tiff, ifd)
+    if ifd + 2 + 12 * count > len(tiff):
+        return None
+    for i in range(count):
+        tag, kind, n = struct.unpack_from(order + "HHI", tiff, ifd + 2 + 12 * i)
+        if tag == 0x0112:
+            if kind != 3 or n != 1:
+                return None
+            (value,) = struct.unpack_from(order + "H", tiff, ifd + 2 + 12 * i + 8)
+            return value if 1 <= value <= 8 else 1
+    return 1

@@ -1,0 +1,179 @@
+"""The validation report: one JSON-ready dict, rendered as Markdown, plus the class-count CSV and DVC metrics."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tasks.checks import CheckResult
+from tasks.common import atomic_path, write_json
+from tasks.hf_meta import FIELDS
+from tasks.parquet_scan import SPLITS
+
+REPORT_MD = "schema_report.md"
+REPORT_JSON = "schema_report.json"
+CLASS_COUNTS_CSV = "class_counts.csv"
+CONTACT_SHEET = "contact_sheet.png"
+STATUS_WORD = {"pass": "PASSED", "warn": "PASSED with warnings", "fail": "FAILED"}
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready copy: numpy scalars to Python, tuples to lists, recursively."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value.item() if hasattr(value, "item") else value
+
+
+def build_report(results: list[CheckResult], splits: dict[str, dict[str, int]], classes: pd.DataFrame,
+                 counts: dict[str, Any], bad: pd.DataFrame, label_map: dict[str, Any],
+                 params: dict[str, Any]) -> dict[str, Any]:
+    """Everything the reviewer reads, deterministic (no timestamps)."""
+    statuses = {r.status for r in results}
+    status = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "pass"
+    return plain({
+        "status": status,
+        "params": params,
+        "schema": {"columns": [{"name": n, "type": str(t)} for n, t in FIELDS],
+                   "metadata": ["huggingface", "imagenet_parquet"]},
+        "label_map": {"num_classes": label_map["num_classes"], "label_source": label_map.get("label_source")},
+        "splits": splits,
+        "class_counts": counts,
+        "classes": classes.to_dict("records"),
+        "bad_images": {"count": len(bad), "by_reason": bad["reason"].value_counts().sort_index().to_dict(),
+                       "examples": bad.head(params["report_examples"]).to_dict("records")},
+        "checks": [r.as_dict() for r in results],
+        "contact_sheet": CONTACT_SHEET,
+    })
+
+
+def failure_summary(report: dict[str, Any], reports_dir: Path) -> str:
+    """The short text a failed stage ends with: one line per failed check."""
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    lines = [f"validation failed: {len(failed)} check(s) failed (full report with example rows: "
+             f"{reports_dir / REPORT_MD})"]
+    lines += [f"  - {c['name']}: {c['message']}" for c in failed]
+    return "\n".join(lines)
+
+
+def metrics(report: dict[str, Any]) -> dict[str, Any]:
+    """The DVC metrics: counts per split, class-count summary, bad images, leakage, check outcomes."""
+    out: dict[str, Any] = {}
+    for split in SPLITS:
+        counts = report["class_counts"][split]
+        out[split] = {**report["splits"][split], "class_min": counts["min"], "class_median": counts["median"],
+                      "class_max": counts["max"], "classes_out_of_bounds": len(counts["out_of_bounds"])}
+    checks = {c["name"]: c for c in report["checks"]}
+    out["bad_images"] = report["bad_images"]["count"]
+    out["leakage_pairs"] = checks["leakage"]["failures"]
+    out["checks"] = {status: sum(c["status"] == status for c in report["checks"]) for status in ("pass", "warn",
+                                                                                                "fail")}
+    return out
+
+
+def class_counts_csv(report: dict[str, Any]) -> str:
+    """Long format (split, label, wnid, name, count) for `dvc plots`: one bar per class and split."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["split", "label", "wnid", "name", "count"])
+    for split in SPLITS:
+        for row in report["classes"]:
+            writer.writerow([split, row["label"], row["wnid"], row["name"], row[split]])
+    return buf.getvalue()
+
+
+def write_reports(report: dict[str, Any], reports_dir: Path, metrics_path: Path) -> list[Path]:
+    """schema_report.json / .md, class_counts.csv under `reports_dir`, and the metrics JSON (all atomic)."""
+    written = [write_json(reports_dir / REPORT_JSON, report), write_json(metrics_path, metrics(report))]
+    for name, text in ((REPORT_MD, render_markdown(report)), (CLASS_COUNTS_CSV, class_counts_csv(report))):
+        with atomic_path(reports_dir / name) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+        written.append(reports_dir / name)
+    return written
+
+
+# ---------------------------------------------------------------- Markdown
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows] + [""]
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Schema and label validation: {STATUS_WORD[report['status']]}", ""]
+    lines += _summary_section(report) + _counts_section(report) + _checks_section(report)
+    lines += _examples_section(report) + _bad_images_section(report) + _schema_section(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _summary_section(report: dict[str, Any]) -> list[str]:
+    checks = report["checks"]
+    n = {s: sum(c["status"] == s for c in checks) for s in ("pass", "warn", "fail")}
+    lines = [f"{len(checks)} checks: {n['pass']} passed, {n['warn']} warning(s), {n['fail']} failed. "
+             f"Label map: {report['label_map']['num_classes']} classes ({report['label_map']['label_source']}).", ""]
+    lines += [f"- **{c['name']}** ({c['status']}): {c['message']}" for c in checks if c["status"] != "pass"]
+    lines += ["", f"Contact sheet (a few images per class, train | val — a shifted val labelling shows at a "
+              f"glance): [{report['contact_sheet']}]({report['contact_sheet']})", ""]
+    return lines
+
+
+def _counts_section(report: dict[str, Any]) -> list[str]:
+    lines = ["## Counts per split", ""]
+    lines += _table(["split", "shards", "rows", "manifest rows", "quarantined", "classes", "image MB", "decoded"],
+                    [[s, v["shards"], v["rows"], v["manifest_rows"], v["quarantined"], v["classes"],
+                      f"{v['image_bytes'] / 1e6:.1f}", v["decoded"]] for s, v in report["splits"].items()])
+    lines += ["## Images per class", ""]
+    counts = report["class_counts"]
+    lines += _table(["split", "min", "median", "max", "bounds (params)", "classes out of bounds"],
+                    [[s, c["min"], c["median"], c["max"], f"{c['bounds'][0]}..{c['bounds'][1]}",
+                      len(c["out_of_bounds"])] for s, c in counts.items()])
+    outside = [[s, r["label"], r["wnid"], r["name"], r["count"]] for s, c in counts.items()
+               for r in c["out_of_bounds"]][:report["params"]["report_examples"]]
+    if outside:
+        lines += ["Classes out of bounds (first ones):", ""] + _table(["split", "label", "wnid", "name", "count"],
+                                                                       outside)
+    return lines
+
+
+def _checks_section(report: dict[str, Any]) -> list[str]:
+    return ["## Checks", ""] + _table(["check", "status", "what it checks", "failures"],
+                                      [[f"`{c['name']}`", c["status"].upper(), c["description"], c["failures"]]
+                                       for c in report["checks"]])
+
+
+def _examples_section(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for check in report["checks"]:
+        if check["status"] == "pass":
+            continue
+        lines += [f"### `{check['name']}`: {check['status'].upper()}", "", check["message"], ""]
+        if check["examples"]:
+            header = list(dict.fromkeys(k for row in check["examples"] for k in row))
+            lines += _table(header, [[row.get(k) for k in header] for row in check["examples"]])
+    return (["## Failed checks and warnings (example rows)", ""] + lines) if lines else []
+
+
+def _bad_images_section(report: dict[str, Any]) -> list[str]:
+    bad = report["bad_images"]
+    lines = ["## Bad images from conversion (quarantined)", "", f"{bad['count']} image(s) in bad_images.jsonl.", ""]
+    if bad["count"]:
+        reasons = sorted(bad["by_reason"].items(), key=lambda item: (-item[1], item[0]))
+        lines += _table(["reason", "images"], [[r, n] for r, n in reasons[:report["params"]["report_examples"]]])
+        header = list(dict.fromkeys(k for row in bad["examples"] for k in row))
+        lines += _table(header, [[row.get(k) for k in header] for row in bad["examples"]])
+    return lines
+
+
+def _schema_section(report: dict[str, Any]) -> list[str]:
+    lines = ["## Schema", ""] + _table(["column", "Arrow type"], [[f"`{c['name']}`", f"`{c['type']}`"]
+                                                                  for c in report["schema"]["columns"]])
+    lines += [f"Schema metadata: {', '.join(f'`{k}`' for k in report['schema']['metadata'])}.", ""]
+    return lines + ["Params (`validate:`): " + ", ".join(f"`{k}={v}`" for k, v in report["params"].items()), ""]

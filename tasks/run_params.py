@@ -1,0 +1,181 @@
+"""The operator's run form (a pydantic model) and how its values reach params.yaml.
+
+The Prefect UI renders `RunParams` as the deployment's run form. A run writes the chosen values into params.yaml
+(targeted round-trip edits that keep comments and every other key), then runs `dvc repro`: params.yaml stays the
+one record of what a run used, `dvc params diff` shows it and a later `dvc repro` reproduces it.
+"""
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from ruamel.yaml import YAML
+
+from tasks.common import PipelineError, atomic_path
+
+
+class SourcePreset(str, Enum):
+    """Where the images come from."""
+
+    sample = "sample"
+    archives = "imagenet1k-archives"
+    folder = "imagenet100-folder"
+
+
+class ClassSubset(str, Enum):
+    """Which classes to keep."""
+
+    all = "all"
+    imagenet100 = "imagenet100"
+    file = "file"
+
+
+class EncodingPolicy(str, Enum):
+    """What happens to the image bytes."""
+
+    passthrough = "passthrough"
+    reencode = "reencode"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When field `when` has one of `when_in` (None: is set), field `then` must have one of `then_in` (None: be set)."""
+
+    when: str
+    when_in: tuple[str, ...] | None
+    then: str
+    then_in: tuple[str, ...] | None
+    message: str
+
+
+# Cross-field rules: checked by the model (in the flow run) AND written into the JSON schema, so the Prefect
+# server refuses a run that breaks one before the run is created.
+RULES = (
+    Rule("preset", (SourcePreset.archives.value,), "location", None,
+         "the imagenet1k-archives preset needs `location`: a directory or URL prefix holding the three official "
+         "archives (ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz)"),
+    Rule("preset", (SourcePreset.folder.value,), "location", None,
+         "the imagenet100-folder preset needs `location`: the directory holding train/WNID/ and val/WNID/"),
+    Rule("classes", (ClassSubset.file.value,), "classes_file", None,
+         "classes=file needs `classes_file`: a text file with one wnid per line"),
+    Rule("resize_shorter", None, "policy", (EncodingPolicy.reencode.value,),
+         "resize_shorter needs policy=reencode (passthrough stores the archive's bytes unchanged)"),
+)
+
+
+def _holds(value: Any, allowed: tuple[str, ...] | None) -> bool:
+    value = value.value if isinstance(value, Enum) else value
+    return value not in (None, "") if allowed is None else value in allowed
+
+
+def _schema_condition(field: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
+    check = {"not": {"enum": [None, ""]}} if allowed is None else {"enum": list(allowed)}
+    return {"properties": {field: check}, "required": [field]}
+
+
+def _rules_schema(schema: dict[str, Any]) -> None:
+    schema["allOf"] = [{"if": _schema_condition(r.when, r.when_in), "then": _schema_condition(r.then, r.then_in)}
+                       for r in RULES]
+
+
+class RunParams(BaseModel):
+    """Run form of the imagenet-parquet pipeline. Every value is written into params.yaml before `dvc repro`."""
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=False, json_schema_extra=_rules_schema)
+
+    preset: SourcePreset = Field(SourcePreset.sample, title="Source preset", description=(
+        "sample: the built-in ILSVRC2012-shaped sample. imagenet1k-archives: the three official ILSVRC2012 "
+        "archives at `location`. imagenet100-folder: an extracted train/WNID/, val/WNID/ tree at `location`."))
+    location: str | None = Field(None, title="Source path or URL", description=(
+        "Archives: a directory or URL prefix (file://, http(s)://, s3://bucket/prefix). Folder: a directory on "
+        "the machine that runs the flow. Unused for the sample."))
+    classes: ClassSubset = Field(ClassSubset.all, title="Class subset", description=(
+        "all: every class found. imagenet100: the CMC ImageNet100 list shipped with the project. "
+        "file: the wnids listed in `classes_file`."))
+    classes_file: str | None = Field(None, title="Class list file",
+                                     description="With classes=file: a text file with one wnid per line.")
+    policy: EncodingPolicy = Field(EncodingPolicy.passthrough, title="Encoding policy", description=(
+        "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images are still converted). "
+        "reencode: decode and re-encode every image as JPEG at `quality`."))
+    quality: int = Field(90, ge=1, le=100, title="JPEG quality", description="When an image is (re-)encoded.")
+    resize_shorter: int | None = Field(None, ge=16, le=4096, title="Resize shorter side", description=(
+        "With policy=reencode: resize so the shorter side has this many pixels (never upscaled). "
+        "Empty: keep the size."))
+    push: bool = Field(False, title="dvc push", description=(
+        "After a successful run, `dvc push` the tracked outputs (Parquet, label map, reports) to the default "
+        "DVC remote."))
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunParams:
+        broken = [r.message for r in RULES
+                  if _holds(getattr(self, r.when), r.when_in) and not _holds(getattr(self, r.then), r.then_in)]
+        if broken:
+            raise ValueError("; ".join(broken))
+        return self
+
+
+def params_updates(form: RunParams) -> dict[tuple[str, str], Any]:
+    """The params.yaml keys (section, key) the form sets, and their values. Other keys keep their values."""
+    folder = form.preset is SourcePreset.folder
+    classes = form.classes_file if form.classes is ClassSubset.file else form.classes.value
+    return {
+        # the folder preset reads no archives: the (tiny) built-in sample keeps download/verify cheap
+        ("download", "source"): form.location if form.preset is SourcePreset.archives else "sample",
+        ("extract", "mode"): "folder" if folder else "archives",
+        ("extract", "folder"): form.location if folder else None,
+        ("extract", "classes"): classes,
+        ("convert", "policy"): form.policy.value,
+        ("convert", "quality"): form.quality,
+        ("convert", "resize_shorter"): form.resize_shorter,
+    }
+
+
+def _yaml() -> YAML:
+    yaml = YAML()  # round-trip mode: comments, key order, flow-style lists and quoting survive
+    yaml.representer.add_representer(
+        type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null"))
+    return yaml
+
+
+def apply_params(params_file: str | os.PathLike, updates: dict[tuple[str, str], Any]) -> dict[str, tuple[Any, Any]]:
+    """Write `updates` into params_file in place; return {"section.key": (old, new)} for the values that changed.
+
+    The file is rewritten (atomically) only when a value changes; everything else in it is kept as written."""
+    params_file = Path(params_file)
+    yaml = _yaml()
+    doc = yaml.load(params_file.read_text(encoding="utf-8"))
+    changed = {}
+    for (section, key), value in updates.items():
+        if not isinstance(doc.get(section), dict) or key not in doc[section]:
+            raise PipelineError(f"{params_file}: expected a key '{key}' in section '{section}:', found none; "
+                                "restore params.yaml from git (`git checkout params.yaml`)")
+        if doc[section][key] != value:
+            changed[f"{section}.{key}"] = (doc[section][key], value)
+            doc[section][key] = value
+    if changed:
+        text = io.StringIO()
+        yaml.dump(doc, text)
+        with atomic_path(params_file) as tmp:
+            tmp.write_text(text.getvalue(), encoding="utf-8")
+    return changed
+
+
+def _is_url(location: str) -> bool:
+    return "://" in location
+
+
+def preflight(form: RunParams, project: Path) -> None:
+    """Checks that need the machine running the flow: local paths exist. Raise before anything is changed."""
+    local = [("location", form.location)] if form.preset is not SourcePreset.sample else []
+    if form.classes is ClassSubset.file:
+        local.append(("classes_file", form.classes_file))
+    for field, value in local:
+        path = Path(value or "").expanduser()
+        if value and not _is_url(value) and not (project / path).exists():
+            raise PipelineError(f"run form: `{field}` is {value!r}, which does not exist on this machine "
+                                f"(looked from {project}); expected an existing path — fix the field and run again")

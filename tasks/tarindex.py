@@ -1,0 +1,184 @@
+"""Safe, read-only indexing of uncompressed tar archives: where each image's bytes lie, without extracting.
+
+The ILSVRC2012 train archive is a tar of 1000 uncompressed per-class tars. An inner tar member `m` opened
+through `outer.extractfile(inner)` starts at `inner.offset_data` in the outer file, so the image bytes of `m`
+lie at `inner.offset_data + m.offset_data` in the outer file: one `pread` reads them. Only the 512-byte headers
+are read; tarfile seeks over the data.
+
+Every member is checked before it is used: absolute paths, `..`, links, devices/FIFOs, sparse members and
+sizes that run past the end of the (inner) archive are refused with an error naming the archive and member."""
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
+
+from tasks.common import PipelineError
+
+IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")  # compared case-insensitively
+CLASS_TAR = re.compile(r"^(n\d{8})\.tar$")
+TAR_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}  # undecodable bytes survive, get reported
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One image inside an archive: `member` is its path there (`<inner>.tar/<name>` when nested)."""
+
+    wnid: str  # "" when the archive does not tell (val)
+    name: str
+    member: str
+    offset: int
+    size: int
+
+
+def printable(name: str) -> str:
+    """A name as text even when its bytes are not valid UTF-8 (those bytes shown as \\xNN)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def report(split: str, source: str, member: str, reason: str, action: str = "skipped") -> dict[str, str]:
+    """One entry of extract_report.json."""
+    return {"split": split, "source": source, "member": printable(member), "reason": reason, "action": action}
+
+
+def _refuse(archive: str, member: str, why: str) -> PipelineError:
+    return PipelineError(
+        f"{archive}: refused member {printable(member)!r}: {why}. Expected only regular files and directories "
+        "with relative paths that fit inside the archive. The archive is damaged or not the official one: "
+        "replace it with the official file (or fix it) and run `dvc repro` again.")
+
+
+def check_member(archive: str, info: tarfile.TarInfo, limit: int | None) -> None:
+    """Refuse a member that could write outside a target directory or that lies about its size.
+
+    `limit` = bytes of the (uncompressed) archive; None for a compressed stream (the caller bounds sizes)."""
+    name = info.name
+    if info.issym() or info.islnk():
+        kind = "symbolic" if info.issym() else "hard"
+        raise _refuse(archive, name, f"it is a {kind} link to {printable(info.linkname)!r}")
+    if info.ischr() or info.isblk() or info.isfifo():
+        raise _refuse(archive, name, "it is a device or FIFO")
+    if info.issparse() or not (info.isreg() or info.isdir()):
+        raise _refuse(archive, name, f"unsupported member type {info.type!r}")
+    if name.startswith(("/", "\\")) or PureWindowsPath(name).drive:
+        raise _refuse(archive, name, "it has an absolute path")
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        raise _refuse(archive, name, "its path contains '..'")
+    if info.size < 0 or (limit is not None and info.offset_data + info.size > limit):
+        raise _refuse(archive, name, f"it declares {info.size} bytes at offset {info.offset_data}, "
+                                     f"but the archive holds only {limit} bytes")
+
+
+def safe_members(tar: tarfile.TarFile, archive: str, limit: int | None) -> Iterator[tarfile.TarInfo]:
+    """The members of `tar` in archive order, each checked (see check_member)."""
+    while True:
+        try:
+            info = tar.next()
+        except tarfile.TarError as err:
+            raise PipelineError(f"{archive}: expected a readable tar archive, found a damaged header ({err}); "
+                                "replace the file with the official archive and run `dvc repro` again") from None
+        if info is None:
+            return
+        check_member(archive, info, limit)
+        yield info
+
+
+def classify(split: str, source: str, info: tarfile.TarInfo, member: str) -> dict[str, str] | None:
+    """None when the member is an image to index, else the report entry saying why it is skipped."""
+    if not is_utf8(info.name):
+        return report(split, source, member, "name is not valid UTF-8 (cannot be stored in the manifest)")
+    if not is_image(info.name):
+        return report(split, source, member, f"not an image (extension not one of {', '.join(IMAGE_EXTENSIONS)})")
+    return None
+
+
+def collisions(split: str, source: str, members: Iterable[str]) -> list[dict[str, str]]:
+    """Report names of one container that are equal after case-folding (all of them are kept)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for member in members:
+        groups[member.casefold()].append(member)
+    return [report(split, source, " | ".join(sorted(names)), f"{len(names)} names collide after case-folding",
+                   action="kept all") for _, names in sorted(groups.items()) if len(names) > 1]
+
+
+def _index_members(tar: tarfile.TarFile, archive: str, limit: int, split: str, source: str,
+                   wnid: str, prefix: str = "", base: int = 0) -> tuple[list[Entry], list[dict[str, str]]]:
+    entries: list[Entry] = []
+    reported: list[dict[str, str]] = []
+    for info in safe_members(tar, archive, limit):
+        if info.isdir():
+            continue
+        member = prefix + info.name
+        skip = classify(split, source, info, member)
+        if skip:
+            reported.append(skip)
+            continue
+        name = PurePosixPath(info.name).name
+        entries.append(Entry(wnid, name, member, base + info.offset_data, info.size))
+    reported += collisions(split, source, [e.member for e in entries])
+    return entries, reported
+
+
+def open_tar(path: str | os.PathLike, mode: str = "r:") -> tarfile.TarFile:
+    """tarfile.open with the project's name decoding; an unreadable file fails naming it."""
+    try:
+        return tarfile.open(path, mode, **TAR_ENCODING)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise PipelineError(f"{path}: expected a readable tar archive, found {err}; replace it with the "
+                            "official file (or point params.yaml at the right one) and run `dvc repro` again") from None
+
+
+def index_tar(path: str | os.PathLike, split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
+    """Index a flat tar (the val archive): one Entry per image member, plus report entries."""
+    with open_tar(path) as tar:
+        return _index_members(tar, str(path), os.path.getsize(path), split, source, wnid="")
+
+
+def index_nested(path: str | os.PathLike, split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
+    """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything."""
+    entries: list[Entry] = []
+    reported: list[dict[str, str]] = []
+    class_tars: list[str] = []
+    with open_tar(path) as outer:
+        for inner in safe_members(outer, str(path), os.path.getsize(path)):
+            if inner.isdir():
+                continue
+            match = CLASS_TAR.match(PurePosixPath(inner.name).name)
+            if not match:
+                reported.append(report(split, source, inner.name, "not a per-class <wnid>.tar"))
+                continue
+            class_tars.append(inner.name)
+            found, notes = _index_inner(outer, inner, f"{path} member {printable(inner.name)}", split, source,
+                                        match.group(1))
+            entries += found
+            reported += notes
+    reported += collisions(split, source, class_tars)
+    return entries, reported
+
+
+def _index_inner(outer: tarfile.TarFile, inner: tarfile.TarInfo, archive: str, split: str, source: str,
+                 wnid: str) -> tuple[list[Entry], list[dict[str, str]]]:
+    fileobj = outer.extractfile(inner)
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r:", **TAR_ENCODING) as tar:
+            return _index_members(tar, archive, inner.size, split, source, wnid,
+                                  prefix=inner.name + "/", base=inner.offset_data)
+    except tarfile.ReadError as err:
+        raise PipelineError(f"{archive}: expected an uncompressed tar of class {wnid}, found unreadable data "
+                            f"({err}); replace the train archive with the official file") from None

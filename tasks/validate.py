@@ -1,0 +1,113 @@
+"""Validate stage: schema and label checks over the Parquet shards, with reports a reviewer reads.
+
+`run_validation` reads the inputs (docs/CONTRACTS.md), runs every check and returns the report dict;
+`write_reports` (tasks.report) and `write_contact_sheet` (tasks.contact_sheet) write the outputs;
+`raise_if_failed` ends the stage with a short summary when a check failed — after the reports are written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from tasks.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
+from tasks.common import PipelineError
+from tasks.dataset_checks import (class_count_check, class_set_check, class_table, count_summary, leakage_check,
+                                  manifest_check, manifest_label_check)
+from tasks.hf_meta import COLUMNS, class_names
+from tasks.parquet_scan import SPLITS, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
+from tasks.report import build_report, failure_summary
+
+BAD_IMAGES = "bad_images.jsonl"
+BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
+
+
+def load_label_map(path: str | Path) -> dict[str, Any]:
+    """data/label_map.json, checked to hold labels 0..K-1 with unique names."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: expected the label map written by the extract stage, found no file; "
+                            "run `dvc repro extract`")
+    label_map = json.loads(path.read_text(encoding="utf-8"))
+    class_names(label_map)
+    return label_map
+
+
+def load_manifests(manifests_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """(split, name, label, wnid) of each manifest — the images the extract stage listed."""
+    manifests = {}
+    for split in SPLITS:
+        path = Path(manifests_dir) / f"{split}.parquet"
+        if not path.is_file():
+            raise PipelineError(f"{path}: expected the {split} manifest written by the extract stage, found no "
+                                "file; run `dvc repro extract`")
+        frame = pq.read_table(path, columns=["name", "label", "wnid"]).to_pandas()
+        manifests[split] = frame.assign(split=split)
+    return manifests
+
+
+def load_bad_images(path: str | Path) -> pd.DataFrame:
+    """The images the convert stage quarantined (bad_images.jsonl), one row each."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: expected the convert stage's list of quarantined images (possibly empty), "
+                            "found no file; run `dvc repro convert`")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        rows = [json.loads(line) for line in lines]
+    except json.JSONDecodeError as err:
+        raise PipelineError(f"{path}: expected one JSON object per line, found {err}; re-run the convert stage")
+    return pd.DataFrame(rows, columns=BAD_IMAGE_FIELDS).astype({"reason": str})
+
+
+def check_params(params: dict[str, Any]) -> None:
+    """The `validate:` params, with a clear message for a malformed one."""
+    for key in ("train_count", "val_count"):
+        bounds = params.get(key)
+        if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
+                and 0 <= bounds[0] <= bounds[1]):
+            raise PipelineError(f"params.yaml validate.{key}: expected [min, max] images per class with "
+                                f"0 <= min <= max, found {bounds!r}; fix params.yaml")
+    sample_size(0, params["decode_sample"])
+
+
+def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map_path: str | Path,
+                   params: dict[str, Any]) -> dict[str, Any]:
+    """Every check over the dataset; returns the report dict (see tasks.report.build_report)."""
+    check_params(params)
+    label_map = load_label_map(label_map_path)
+    manifests = load_manifests(manifests_dir)
+    bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
+    meta, plan = read_metadata(list_shards(parquet_dir))
+    limit = params["report_examples"]
+    results = shard_schema_check([(s.split, s.path) for s in plan], label_map, limit)
+    results += pandera_checks(meta, label_map, limit)
+    meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
+    classes = class_table(meta, label_map)
+    counts = count_summary(classes, {s: params[f"{s}_count"] for s in SPLITS})
+    results += [class_set_check(classes, limit), class_count_check(classes, counts, limit)]
+    manifest_result, totals = manifest_check(meta, manifests, bad, limit)
+    results += [manifest_result, manifest_label_check(meta, manifests, limit)]
+    findings = scan_bytes(plan, meta, decode_mask(meta, params["decode_sample"]))
+    results += [row_failures("jpeg_soi", meta, findings.not_jpeg, limit, "stored images are JPEG"),
+                row_failures("sha256_match", meta, findings.hash_mismatch, limit, "hashes match"),
+                row_failures("decode", meta, findings.undecodable, limit,
+                             f"{sum(findings.decoded.values())} sampled rows decode"),
+                leakage_check(meta, params["leakage_max_pairs"], limit)]
+    splits = {s: {**totals[s], "shards": sum(p.split == s for p in plan), "classes": int((classes[s] > 0).sum()),
+                  "image_bytes": findings.image_bytes.get(s, 0), "decoded": findings.decoded.get(s, 0)}
+              for s in SPLITS}
+    return build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
+
+
+def _ordered(results: list[CheckResult]) -> list[CheckResult]:
+    order = list(DESCRIPTIONS)
+    return sorted(results, key=lambda r: order.index(r.name))
+
+
+def raise_if_failed(report: dict[str, Any], reports_dir: str | Path) -> None:
+    """End the stage non-zero (PipelineError) when a check failed; warnings pass."""
+    if report["status"] == "fail":
+        raise PipelineError(failure_summary(report, Path(reports_dir)))

@@ -1,0 +1,61 @@
+"""convert stage, flow level: the Prefect flow on a real server, local process pool vs a real Dask LocalCluster."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from convert_helpers import REPO, flat_dataset, jpeg, make_job, noisy_jpeg, shard_bytes
+from tasks.convert import run_local
+
+
+def _project(root: Path, **convert) -> Path:
+    """A dataset under `root` and a params.yaml there (paths relative to it, as in the repo)."""
+    flat_dataset(root, [("n0%d" % (i % 3), f"img{i:03d}.JPEG", noisy_jpeg(i)) for i in range(24)]
+                 + [("n01", "cmyk.JPEG", jpeg(mode="CMYK")), ("n02", "zero.JPEG", b"")])
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["convert"].update({"shard_mb": 0.03, "row_group_rows": 5, "max_bad_fraction": 0.1, **convert})
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root / "params.yaml"
+
+
+def test_flow_local_process_pool_and_dask_cluster_write_the_same_bytes(prefect_api, tmp_path):
+    from distributed import LocalCluster
+
+    from flows.convert import run
+
+    reference = make_job(tmp_path / "ref", shard_mb=0.03, row_group_rows=5, max_bad_fraction=0.1)
+    _project(tmp_path / "ref")
+    run_local(reference, progress=False)
+    local = run(str(_project(tmp_path / "local", workers=2, task_runner="local")))
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
+        params = _project(tmp_path / "dask", task_runner="dask", dask_address=cluster.scheduler_address)
+        dask = run(str(params))
+    assert local["splits"] == dask["splits"] and local["splits"]["train"]["shards"] > 2
+    assert local["rows"] == 25 and local["bad_images"] == 1
+    expected = shard_bytes(reference)
+    for root in ("local", "dask"):
+        assert shard_bytes(make_job(tmp_path / root)) == expected, root
+    metrics = yaml.safe_load((tmp_path / "dask/data/metrics/convert.json").read_text())
+    assert metrics["splits"]["train"]["rows"] == 25 and metrics["images_per_s"] > 0
+
+
+def test_stage_command_fails_cleanly_above_max_bad_fraction(prefect_api, tmp_path):
+    params = _project(tmp_path, max_bad_fraction=0.01, workers=1)
+    proc = subprocess.run([sys.executable, "-m", "flows.convert"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "error: " in proc.stderr and "max_bad_fraction=0.01" in proc.stderr and "found 1 of 26" in proc.stderr
+    assert params.is_file() and '"zero.JPEG"' in (tmp_path / "data/parquet/bad_images.jsonl").read_text()
+
+
+def test_dask_runner_needs_an_address(tmp_path):
+    from flows.convert import task_runner
+    from tasks.common import PipelineError
+
+    with pytest.raises(PipelineError, match="dask_address"):
+        task_runner({"task_runner": "dask", "dask_address": None, "workers": 2})

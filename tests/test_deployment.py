@@ -1,0 +1,374 @@
+"""The UI deployment's mechanics, against a real Prefect server, on a project copy whose dvc.yaml has tiny
+stand-in stages (the real stages are tested by their own modules; tests/test_deployment_e2e.py runs them all).
+
+Form and params.yaml tests need no server; the deployment tests serve `python -m flows.pipeline serve` in a
+subprocess from the copy and trigger runs through the API, as the UI's Run button does."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import copy_project
+from pydantic import ValidationError
+
+from tasks.common import PipelineError
+from tasks.dvc_run import FAILED, NOT_REACHED, RAN, SKIPPED, metrics_rows
+from tasks.run_params import RunParams, apply_params, params_updates, preflight
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Stand-in stages: each prints to stdout and stderr and writes small outputs from its params section;
+# validate fails when convert.quality < 20, naming the failed check, as the real validate stage does.
+STANDIN = '''\
+import json, pathlib, sys, yaml
+stage = sys.argv[1]
+params = yaml.safe_load(open("params.yaml"))
+print(f"standin {stage}: stdout line")
+print(f"standin {stage}: stderr line", file=sys.stderr)
+def write(path, obj):
+    path = pathlib.Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj, sort_keys=True))
+if stage in ("download", "extract", "convert"):
+    write(f"data/{stage}/out.json", params[stage])
+if stage == "verify":
+    write("data/verify/out.json", json.loads(open("data/download/out.json").read()))
+if stage == "convert":
+    write("data/metrics/convert.json", {"images": {"train": 200, "val": 50}, "quality": params["convert"]["quality"]})
+if stage == "validate":
+    quality = params["convert"]["quality"]
+    ok = quality >= 20
+    write("data/reports/schema_report.md", "# Schema report\\n\\n| check | result |\\n|---|---|\\n"
+          f"| quality_floor | {'passed' if ok else 'FAILED'} |\\n")
+    if not ok:
+        print(f"check 'quality_floor' failed: convert.quality is {quality}, expected >= 20", file=sys.stderr)
+        sys.exit(1)
+    write("data/metrics/validate.json", {"rows": {"train": 200, "val": 50}, "failed_checks": 0})
+'''
+STANDIN_DVC = {"stages": {
+    "download": {"cmd": "python standin.py download", "params": ["download"], "outs": ["data/download"]},
+    "verify": {"cmd": "python standin.py verify", "deps": ["data/download"], "outs": ["data/verify"]},
+    "extract": {"cmd": "python standin.py extract", "params": ["extract"], "deps": ["data/verify"],
+                "outs": ["data/extract"]},
+    "convert": {"cmd": "python standin.py convert", "params": ["convert"], "deps": ["data/extract"],
+                "outs": ["data/convert"], "metrics": [{"data/metrics/convert.json": {"cache": False}}]},
+    "validate": {"cmd": "python standin.py validate", "deps": ["data/convert"], "params": ["convert.quality"],
+                 "outs": ["data/reports"], "metrics": [{"data/metrics/validate.json": {"cache": False}}]},
+}}
+STAGES = list(STANDIN_DVC["stages"])
+
+
+def standin_project(dest: Path) -> Path:
+    project = copy_project(dest)
+    (project / "standin.py").write_text(STANDIN)
+    (project / "dvc.yaml").write_text(yaml.safe_dump(STANDIN_DVC, sort_keys=False))
+    return project
+
+
+# ---------------------------------------------------------------- the form and params.yaml (no server)
+
+@pytest.mark.parametrize("fields, message", [
+    ({"preset": "imagenet1k-archives"}, "imagenet1k-archives preset needs `location`"),
+    ({"preset": "imagenet100-folder", "location": ""}, "imagenet100-folder preset needs `location`"),
+    ({"classes": "file"}, "classes=file needs `classes_file`"),
+    ({"resize_shorter": 256}, "resize_shorter needs policy=reencode"),
+    ({"quality": 0}, "greater than or equal to 1"),
+    ({"preset": "imagenet"}, "'sample', 'imagenet1k-archives' or 'imagenet100-folder'"),
+    ({"colour": "red"}, "Extra inputs are not permitted"),
+])
+def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(")) as err:
+        RunParams(**fields)
+    assert len(err.value.errors()) == 1
+
+
+@pytest.mark.parametrize("fields", [
+    {"preset": "imagenet1k-archives"}, {"classes": "file", "classes_file": None}, {"resize_shorter": 160},
+    {"quality": 101}, {"policy": "lossless"},
+])
+def test_json_schema_the_server_enforces_rejects_what_the_model_rejects(fields):
+    """The Prefect server validates a run's parameters against the deployment's JSON schema before creating the
+    run: the cross-field rules are in that schema, so the UI refuses them too."""
+    from prefect.utilities.schema_tools.validation import ValidationError as SchemaError
+    from prefect.utilities.schema_tools.validation import validate
+
+    from flows.pipeline import imagenet_parquet
+
+    schema = imagenet_parquet.parameters.model_dump()
+    with pytest.raises(ValidationError):
+        RunParams(**fields)
+    with pytest.raises(SchemaError):
+        validate({"params": fields}, schema, raise_on_error=True)
+    validate({"params": RunParams().model_dump(mode="json")}, schema, raise_on_error=True)
+
+
+def test_form_values_reach_params_yaml_with_comments_and_other_keys_kept(tmp_path):
+    params_file = tmp_path / "params.yaml"
+    original = (REPO / "params.yaml").read_text()
+    params_file.write_text(original)
+    assert apply_params(params_file, params_updates(RunParams())) == {}  # the defaults are params.yaml's values
+    assert params_file.read_text() == original
+
+    form = RunParams(preset="imagenet1k-archives", location="s3://bucket/ilsvrc: 2012", classes="imagenet100",
+                     policy="reencode", quality=85, resize_shorter=256)
+    changed = apply_params(params_file, params_updates(form))
+    assert changed == {"download.source": ("sample", "s3://bucket/ilsvrc: 2012"),
+                       "extract.classes": ("all", "imagenet100"), "convert.policy": ("passthrough", "reencode"),
+                       "convert.quality": (90, 85), "convert.resize_shorter": (None, 256)}
+    new = params_file.read_text()
+    assert yaml.safe_load(new)["download"]["source"] == "s3://bucket/ilsvrc: 2012"
+    changed_lines = [(a, b) for a, b in zip(original.splitlines(), new.splitlines()) if a != b]
+    assert len(original.splitlines()) == len(new.splitlines()) and len(changed_lines) == 5
+    assert all(a.split(":")[0] == b.split(":")[0] for a, b in changed_lines)  # same keys
+    assert all(a.partition(" #")[2] == b.partition(" #")[2] for a, b in changed_lines)  # same comments
+
+    folder = RunParams(preset="imagenet100-folder", location="/data/imagenet100", classes="file",
+                       classes_file="my_classes.txt")
+    apply_params(params_file, params_updates(folder))
+    params = yaml.safe_load(params_file.read_text())
+    assert params["download"]["source"] == "sample"
+    assert {key: params["extract"][key] for key in ("mode", "folder", "classes")} == {
+        "mode": "folder", "folder": "/data/imagenet100", "classes": "my_classes.txt"}
+
+
+def test_preflight_refuses_a_local_path_that_does_not_exist(tmp_path):
+    missing = RunParams(preset="imagenet100-folder", location=str(tmp_path / "nope"))
+    with pytest.raises(PipelineError, match="`location` is .*nope.*does not exist on this machine"):
+        preflight(missing, tmp_path)
+    (tmp_path / "classes.txt").write_text("n01440764\n")
+    preflight(RunParams(classes="file", classes_file="classes.txt"), tmp_path)  # relative to the project
+    preflight(RunParams(preset="imagenet1k-archives", location="http://127.0.0.1:9/ilsvrc"), tmp_path)
+
+
+def test_metrics_rows_flatten_every_json(tmp_path):
+    (tmp_path / "b.json").write_text(json.dumps({"rows": {"val": 5, "train": 20}, "bad": [1, 2]}))
+    (tmp_path / "a.json").write_text(json.dumps({"ok": True}))
+    assert metrics_rows(tmp_path) == [
+        {"file": "a.json", "metric": "ok", "value": True},
+        {"file": "b.json", "metric": "bad", "value": "[1, 2]"},
+        {"file": "b.json", "metric": "rows.train", "value": 20},
+        {"file": "b.json", "metric": "rows.val", "value": 5},
+    ]
+
+
+# ---------------------------------------------------------------- the served deployment (real server)
+
+def _client():
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+@contextlib.contextmanager
+def serving(project: Path, deployment: str):
+    """`python -m flows.pipeline serve --name <deployment>` from `project`; yields "<flow>/<deployment>"."""
+    from flows.pipeline import FLOW_NAME
+
+    log = open(project.parent / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "serve", "--name", deployment], cwd=project,
+                            stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "INFO"})
+    name = f"{FLOW_NAME}/{deployment}"
+    try:
+        _wait(lambda: _deployment(name), 90, lambda: (project.parent / "serve.log").read_text())
+        yield name
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api, tmp_path_factory):
+    """The deployment served from a stand-in copy with a local DVC remote; yields (project, name, remote)."""
+    project = standin_project(tmp_path_factory.mktemp("ui") / "project")
+    remote = tmp_path_factory.mktemp("dvc-remote")
+    subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "--local", "-d", "uitest", str(remote)],
+                   cwd=project, check=True, capture_output=True)
+    with serving(project, "standin") as name:
+        yield project, name, remote
+
+
+def _deployment(name):
+    from prefect.exceptions import ObjectNotFound
+
+    with _client() as client:
+        try:
+            return client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            return None
+
+
+def _wait(probe, timeout, explain=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while not (found := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s\n{explain()[-3000:]}")
+        time.sleep(0.5)
+    return found
+
+
+def _run(name, params, timeout=180):
+    from prefect.deployments import run_deployment
+
+    return run_deployment(name, parameters={"params": params}, timeout=timeout, poll_interval=1, as_subflow=False)
+
+
+def _logs(flow_run_id, until=None):
+    """The run's log messages (polls until `until` appears: logs arrive in batches)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    def read():
+        with _client() as client:
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                    sort=LogSort.TIMESTAMP_ASC)
+        text = "\n".join(log.message for log in logs)
+        return [text] if until is None or until in text else None
+
+    return _wait(read, 20, lambda: "no log line " + repr(until))[0]
+
+
+def _artifacts(flow_run_id):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with _client() as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[flow_run_id])))
+    return {artifact.key: artifact for artifact in found}
+
+
+def _table(artifact):
+    """A table artifact's rows (the API returns the table as JSON text)."""
+    return json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+
+
+def _outcomes(artifact):
+    return {row["stage"]: row["outcome"] for row in _table(artifact)}
+
+
+def test_ui_run_writes_params_runs_dvc_and_publishes_artifacts(served):
+    project, name, remote = served
+    first = _run(name, {"policy": "reencode", "quality": 80})
+    assert first.state.is_completed(), first.state.message
+    logs = _logs(first.id, until="standin validate: stderr line")
+    assert "standin download: stdout line" in logs and "params.yaml: convert.quality: 90 -> 80" in logs
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    assert params["convert"]["policy"] == "reencode" and params["convert"]["quality"] == 80
+    diff = subprocess.run([sys.executable, "-m", "dvc", "params", "diff", "--json"], cwd=project, check=True,
+                          capture_output=True, text=True).stdout
+    quality = json.loads(diff)["params.yaml"]["convert.quality"]
+    assert (quality["old"], quality["new"]) == (90, 80)
+    artifacts = _artifacts(first.id)
+    assert _outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(STAGES, RAN)
+    assert artifacts["schema-report"].data == (project / "data/reports/schema_report.md").read_text()
+    metrics = {(row["file"], row["metric"]): row["value"] for row in _table(artifacts["pipeline-metrics"])}
+    assert metrics[("convert.json", "quality")] == 80 and metrics[("validate.json", "rows.train")] == 200
+
+    # same inputs but a new quality and push=yes: the upstream stages are skipped, then DVC pushes
+    second = _run(name, {"policy": "reencode", "quality": 70, "push": True})
+    assert second.state.is_completed(), second.state.message
+    rows = _table(_artifacts(second.id)["pipeline-stages"])
+    assert {r["stage"]: r["outcome"] for r in rows} == {**dict.fromkeys(STAGES[:3], SKIPPED), "convert": RAN,
+                                                        "validate": RAN}
+    assert {r["stage"]: r["dvc.lock"] for r in rows} == {**dict.fromkeys(STAGES[:3], "unchanged"),
+                                                         "convert": "updated", "validate": "updated"}
+    assert "$ dvc push" in _logs(second.id, until="files pushed") and any(remote.rglob("*"))
+    # the UI run is an ordinary DVC state: `dvc repro` from a shell has nothing left to do
+    repro = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=project, capture_output=True, text=True)
+    assert repro.returncode == 0 and "up to date" in repro.stdout, repro.stdout + repro.stderr
+
+
+def test_failing_validation_fails_the_run_with_the_check_in_its_logs(served):
+    project, name, _ = served
+    failed = _run(name, {"quality": 10})
+    assert failed.state.is_failed()
+    assert "stage 'validate'" in failed.state.message
+    logs = _logs(failed.id, until="check 'quality_floor' failed")
+    assert "convert.quality is 10, expected >= 20" in logs
+    artifacts = _artifacts(failed.id)
+    assert _outcomes(artifacts["pipeline-stages"])["validate"] == FAILED
+    assert "| quality_floor | FAILED |" in artifacts["schema-report"].data  # the report of the failed check
+
+
+def test_invalid_parameters_are_rejected_before_anything_runs(served):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    project, name, _ = served
+    params_before = (project / "params.yaml").read_text()
+    with _client() as client:
+        deployment = client.read_deployment_by_name(name)
+        runs_before = len(client.read_flow_runs(deployment_filter=DeploymentFilter(
+            name=DeploymentFilterName(any_=[deployment.name]))))
+    # 1. the server checks the form's schema: no flow run is created
+    for bad, reason in [({"preset": "imagenet1k-archives"}, "'location' is a required property"),
+                        ({"quality": 0}, "0 is less than the minimum of 1")]:
+        with pytest.raises(PrefectHTTPStatusError, match=reason):
+            _run(name, bad)
+    with _client() as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
+            name=DeploymentFilterName(any_=[deployment.name])))
+    assert len(runs) == runs_before
+    # 2. a path that does not exist on the serving machine: the run fails before params.yaml or DVC is touched
+    missing = _run(name, {"preset": "imagenet100-folder", "location": "/nonexistent/imagenet100"})
+    assert missing.state.is_failed() and "does not exist on this machine" in missing.state.message
+    assert "$ dvc repro" not in _logs(missing.id)
+    assert (project / "params.yaml").read_text() == params_before
+
+
+def test_pydantic_check_stops_a_run_created_without_schema_enforcement(served):
+    """Even a run created with enforcement off (API clients can) stops at parameter validation, before any task."""
+    from prefect.client.schemas.actions import DeploymentFlowRunCreate
+
+    project, name, _ = served
+    params_before = (project / "params.yaml").read_text()
+    with _client() as client:
+        deployment = client.read_deployment_by_name(name)
+        response = client.request("POST", "/deployments/{id}/create_flow_run", path_params={"id": deployment.id},
+                                  json=DeploymentFlowRunCreate(parameters={"params": {"classes": "file"}},
+                                                               enforce_parameter_schema=False)
+                                  .model_dump(mode="json", exclude_unset=True))
+        run_id = response.json()["id"]
+        run = _wait(lambda: (r := client.read_flow_run(run_id)).state.is_final() and r, 120)
+    assert run.state.is_failed()
+    assert "classes=file needs `classes_file`" in run.state.message
+    assert (project / "params.yaml").read_text() == params_before
+    assert "$ dvc" not in _logs(run.id)
+
+
+def test_run_form_page_renders_in_headless_chromium(served, tmp_path):
+    """Smoke test of the UI: the deployment's custom-run page shows the form (titles from the pydantic model).
+    The rendered DOM is checked; the screenshot is kept next to it for a human (tmp_path/run-form.png)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is absent (Debian: apt-get install -y chromium)")
+    import urllib.parse
+    import urllib.request
+
+    _, name, _ = served
+    api = os.environ["PREFECT_API_URL"]
+    with urllib.request.urlopen(api.removesuffix("/api") + "/ui-settings", timeout=10) as resp:
+        ui_api = json.load(resp)["api_url"]
+    assert urllib.parse.urljoin(api, ui_api) == api, (f"the server's UI talks to {ui_api}, not {api}: the prefect_api fixture must start "
+                           "the server with PREFECT_UI_API_URL=<its api url> (Prefect derives it from port 4200)")
+    url = f"{api.removesuffix('/api')}/deployments/deployment/{_deployment(name).id}/run"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-dev-shm-usage",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000", "--window-size=1280,1600"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    subprocess.run([chromium, *flags, f"--screenshot={tmp_path / 'run-form.png'}", url], capture_output=True,
+                   timeout=120)
+    for text in ("imagenet-pipeline", "Source preset", "Encoding policy", "JPEG quality", "dvc push"):
+        assert text in dom, f"{text!r} not on {url}"
+    assert (tmp_path / "run-form.png").stat().st_size > 10_000

@@ -1,0 +1,37 @@
+"""End to end: the served deployment runs the real pipeline on the built-in sample, as pressing Run in the UI
+with the default form does; the stage flows report to the same Prefect server."""
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from test_deployment import _artifacts, _client, _logs, _outcomes, _run, _table, serving
+
+from tasks.common import paths
+from tasks.dvc_run import RAN, stage_names
+from tasks.run_params import RunParams
+
+
+@pytest.mark.slow
+def test_ui_run_of_the_real_pipeline_on_the_sample(prefect_api, project_copy):
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
+
+    stages = stage_names(project_copy)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    with serving(project_copy, "e2e") as name:
+        run = _run(name, RunParams().model_dump(mode="json"), timeout=600)
+    assert run.state.is_completed(), run.state.message
+    where = paths(project_copy / "params.yaml")
+    artifacts = _artifacts(run.id)
+    assert _outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(stages, RAN)
+    assert artifacts["schema-report"].data == (project_copy / where["reports"] / "schema_report.md").read_text()
+    assert {row["file"] for row in _table(artifacts["pipeline-metrics"])} == {"convert.json", "validate.json"}
+    assert sorted((project_copy / where["parquet"]).rglob("*.parquet"))
+    assert "Running stage 'validate'" in _logs(run.id, until="Running stage 'validate'")
+    with _client() as client:
+        stage_runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=stages)),
+            flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=started)))
+        flows = {flow.id: flow.name for flow in client.read_flows(flow_filter=FlowFilter(
+            name=FlowFilterName(any_=stages)))}
+    assert sorted(flows[r.flow_id] for r in stage_runs if r.state.is_completed()) == sorted(stages)

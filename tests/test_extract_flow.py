@@ -1,0 +1,56 @@
+"""The extract flow against a real Prefect server, and the stage command's clean failure."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+from tasks.common import ARCHIVES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_project(root: Path, sample: Path, **extract_params) -> Path:
+    """params.yaml (the repo's, with `extract:` overrides) + data/raw linking the sample archives."""
+    raw = root / "data" / "raw"
+    raw.mkdir(parents=True)
+    for name in ARCHIVES.values():
+        (raw / name).symlink_to(sample / name)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["extract"].update(extract_params)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root
+
+
+def test_flow_on_sample_with_imagefolder(prefect_api, sample_release, tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+
+    from flows.extract import extract_flow
+
+    monkeypatch.chdir(make_project(tmp_path, sample_release, materialize=True))
+    report = extract_flow()
+    assert report["images"] == {"train": 200, "val": 50} and report["imagefolder"] == "data/work/imagefolder"
+    rows = pq.read_table("data/manifests/train.parquet").to_pylist()
+    assert {r["source"] for r in rows} == {"data/raw/ILSVRC2012_img_train.tar"}  # the link's name, in the repo
+    files = sorted(p.relative_to("data/work/imagefolder").as_posix() for p in Path("data/work/imagefolder").rglob("*.JPEG"))
+    assert len(files) == 250 and files[0].startswith("train/n")
+    assert json.loads(Path("data/label_map.json").read_text())["num_classes"] == 10
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_flow_runs() if client.read_flow(r.flow_id).name == "extract"]
+        assert runs and all(r.state.is_completed() for r in runs)
+        task_names = {t.name.rsplit("-", 1)[0] for t in client.read_task_runs()}
+    assert {"scan-archive", "write-manifests", "materialize-imagefolder"} <= task_names
+
+
+def test_stage_command_fails_cleanly(prefect_api, sample_release, tmp_path):
+    project = make_project(tmp_path, sample_release, classes="imagenet100")
+    proc = subprocess.run([sys.executable, "-m", "flows.extract"], cwd=project, capture_output=True, text=True,
+                          env={**os.environ}, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "error: " in proc.stderr and "expected every class of extract.classes in train" in proc.stderr
+    assert not (project / "data" / "manifests").exists() and not (project / "data" / "label_map.json").exists()

@@ -1,0 +1,222 @@
+"""The PyTorch reader: map-style and iterable datasets over contract-schema shards, with real DataLoaders,
+real torch.distributed ranks (gloo over 127.0.0.1), pickling, the row-group cache and memory."""
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing as mp
+import pickle
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from conftest import REPO, free_port
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image
+from imagenet_parquet.partition import rank_range, row_slices, split_range
+from reader_shards import identify, image_bytes, run_rank, write_shards
+
+TOTAL, CLASSES = 47, 3
+
+
+def _label(i: int) -> int:
+    return i * CLASSES // TOTAL
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """47 rows (not a multiple of 2, 3 or 4) in 3 shards of 4-row groups; returns the Parquet root."""
+    root = tmp_path_factory.mktemp("parquet")
+    write_shards(root, total=TOTAL, classes=CLASSES)
+    return root
+
+
+def test_map_style_rows_labels_and_label_map(shards):
+    ds = ParquetImageDataset(shards, "train")
+    assert len(ds) == TOTAL
+    for i in [0, 3, 4, 15, 16, 46]:
+        image, label = ds[i]
+        assert isinstance(image, Image.Image) and image.mode == "RGB"
+        assert (identify(image), label) == (i, _label(i))
+    assert identify(ds[-1][0]) == TOTAL - 1
+    with pytest.raises(IndexError):
+        ds[TOTAL]
+    assert ds.label_names == ["class 0", "class 1", "class 2"]
+    assert ds.classes == ["n10000000", "n10000001", "n10000002"]
+    assert ds.class_to_idx["n10000002"] == 2
+    assert ds.label_map == json.loads((shards / "label_map.json").read_text())
+    assert ds.targets.tolist() == [_label(i) for i in range(TOTAL)]
+
+
+def test_map_style_reads_one_row_group_and_keeps_an_lru_cache(shards):
+    ds = ParquetImageDataset(shards / "train", cache_row_groups=2)
+    reader = ds._reader
+    ds[0], ds[5], ds[1], ds[9]  # row groups 0, 1, 0 (hit), 2 -> evicts the least recent (1)
+    assert reader.cached_units == [0, 2]
+    table = reader.read(2)
+    assert table.num_rows == 4 and table.schema.names == ["image", "label"]
+    assert table.schema.field("image").type == pa.struct([("bytes", pa.binary())])  # no path, no metadata columns
+
+
+def test_pickling_carries_no_open_file_and_reopens_lazily(shards):
+    ds = ParquetImageDataset(shards, "train", cache_row_groups=2)
+    assert ds._reader.open_files == 0  # building the index read footers only and closed them
+    ds[0], ds[20]
+    assert ds._reader.open_files == 2 and len(ds._reader.cached_units) == 2
+    blob = pickle.dumps(ds)
+    assert len(blob) < 20_000 and image_bytes(0) not in blob  # no cached image bytes travel either
+    clone = pickle.loads(blob)
+    assert clone._reader.open_files == 0 and clone._reader.cached_units == []
+    assert identify(clone[20][0]) == 20 and clone._reader.open_files == 1
+
+
+def test_transform_target_transform_raw_bytes_and_draft(shards, tmp_path):
+    ds = ParquetImageDataset(shards, "train", transform=lambda im: im.size, target_transform=lambda y: y + 100)
+    assert ds[46] == ((8, 8), 102)
+    raw = ParquetImageDataset(shards, "train", decode=False)
+    assert raw[7][0] == image_bytes(7)
+    big = Image.radial_gradient("L").resize((1024, 768)).convert("RGB")
+    path = tmp_path / "big.jpg"
+    big.save(path, "JPEG", quality=90)
+    data = path.read_bytes()
+    assert decode_image(data).size == (1024, 768)
+    assert decode_image(data, draft_size=200).size == (512, 384)  # 1/2 scale: 1/4 would make 192 < 200
+    assert decode_image(data, draft_size=150).size == (256, 192)  # 1/4 scale: shorter side still >= 150
+    assert decode_image(data, draft_size=(600, 400)).size == (1024, 768)  # 1/2 would be too small
+    assert decode_image(data, draft_size=200).mode == "RGB"
+
+
+def test_partition_covers_every_row_once():
+    sizes = [4, 4, 3, 4, 1, 4, 4, 2]
+    total = sum(sizes)
+    import numpy as np
+
+    arr = np.asarray(sizes)
+    offsets = np.concatenate([[0], np.cumsum(arr)])
+    for world in (1, 2, 3, 5, 40):
+        for workers in (1, 2, 3):
+            seen = []
+            for rank in range(world):
+                a, b = rank_range(total, rank, world, "keep")
+                for w in range(workers):
+                    for pos, lo, hi in row_slices(arr, *split_range(a, b, w, workers)):
+                        seen += range(offsets[pos] + lo, offsets[pos] + hi)
+            assert sorted(seen) == list(range(total)), (world, workers)
+    with pytest.raises(ValueError, match="uneven"):
+        rank_range(10, 0, 2, "even")
+
+
+def test_two_ranks_two_workers_every_sample_once_epoch_order(shards, tmp_path):
+    """Two real torch.distributed ranks (spawned processes, gloo), each a DataLoader with num_workers=2."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [ctx.Process(target=run_rank, args=(r, 2, port, str(shards / "train"), str(outs[r]))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0, 0]
+    runs = [json.loads(o.read_text()) for o in outs]
+    assert [(r["rank"], r["world_size"]) for r in runs] == [(0, 2), (1, 2)]  # from torch.distributed
+    for epoch in ("epoch0", "epoch1", "epoch0_again"):
+        pairs = [p for r in runs for p in r[epoch]]
+        assert sorted(i for i, _ in pairs) == list(range(TOTAL))  # no duplicate, none missing
+        assert all(y == _label(i) for i, y in pairs)
+        assert sorted(len(r[epoch]) for r in runs) == [23, 24] == sorted(r["len"] for r in runs)
+    for r in runs:
+        assert r["epoch0"] == r["epoch0_again"]  # same (seed, epoch) -> same order
+        assert r["epoch0"] != r["epoch1"]  # a new epoch -> a new order
+    assert runs[0]["epoch0"] != sorted(runs[0]["epoch0"])  # actually shuffled
+
+
+@pytest.mark.parametrize("uneven, per_rank, repeats", [("drop", 15, 0), ("pad", 16, 1)])
+def test_uneven_drop_and_pad_give_equal_rank_lengths(shards, uneven, per_rank, repeats):
+    got = []
+    for rank in range(3):
+        ds = ParquetIterableDataset(shards, "train", transform=identify, rank=rank, world_size=3, uneven=uneven)
+        ids = [i for i, _ in ds]
+        assert len(ids) == len(ds) == per_rank
+        got += ids
+    counts = Counter(got)
+    assert sum(c - 1 for c in counts.values()) == repeats
+    assert len(counts) == (TOTAL - 2 if uneven == "drop" else TOTAL)
+
+
+def test_iterable_without_shuffle_is_shard_order(shards):
+    ds = ParquetIterableDataset(shards, "train", transform=identify, shuffle=False, rank=0, world_size=1)
+    assert [i for i, _ in ds] == list(range(TOTAL))
+
+
+def test_map_style_dataloader_with_row_group_sampler_two_ranks(shards):
+    from torch.utils.data import DataLoader
+
+    ds = ParquetImageDataset(shards, "train", transform=identify)
+    assert isinstance(ds, __import__("torch").utils.data.Dataset)
+    seen, orders = [], []
+    for rank in range(2):
+        sampler = RowGroupSampler(ds, rank=rank, world_size=2, seed=3, window=2)
+        sampler.set_epoch(1)
+        ids = [int(i) for batch, _ in DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2) for i in batch]
+        assert len(ids) == len(sampler)
+        seen += ids
+        orders.append(ids)
+    assert sorted(seen) == list(range(TOTAL))
+    sampler = RowGroupSampler(ds, rank=0, world_size=2, seed=3, window=2)
+    assert list(sampler) != orders[0]  # epoch 0 differs from epoch 1
+    sampler.set_epoch(1)
+    assert list(sampler) == orders[0]
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_flat_over_a_dataset_larger_than_the_cache(tmp_path):
+    """~8 MB of incompressible images vs a 2-row-group (~0.4 MB) cache: RSS and Arrow memory stay flat."""
+    write_shards(tmp_path, total=400, classes=4, shards=2, row_group_rows=10, noise_px=128)
+    ds = ParquetImageDataset(tmp_path, "train", cache_row_groups=2)
+    data_bytes = sum(f.stat().st_size for f in ds.files)
+    group_bytes = data_bytes / len(ds.index.rows)
+    it = ParquetIterableDataset(tmp_path, "train", rank=0, world_size=1, shuffle_buffer=20)
+    peaks, rss = [], []
+    for _ in range(4):
+        peak = 0
+        for i in range(len(ds)):
+            ds[i]
+            peak = max(peak, pa.total_allocated_bytes())
+        for _sample in it:
+            peak = max(peak, pa.total_allocated_bytes())
+        gc.collect()
+        peaks.append(peak)
+        rss.append(_rss())
+    assert max(peaks) < 4 * group_bytes + 20 * data_bytes / 400 + 1e6  # cache + one read + buffer, not the data
+    assert data_bytes > 7e6 and max(peaks) < data_bytes / 10
+    assert rss[-1] - rss[0] < data_bytes / 4, rss  # four passes over 8 MB: no growth beyond noise
+
+
+def test_import_without_torch_prefect_or_dvc(shards):
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import imagenet_parquet as ip\n"
+        f"ds = ip.ParquetIterableDataset({str(shards / 'train')!r}, shuffle_buffer=5)\n"
+        "m = ip.ParquetImageDataset(" + repr(str(shards / 'train')) + ")\n"
+        "assert len(list(ds)) == len(m) == 47 and (ds.rank, ds.world_size) == (0, 1)\n"
+        "assert not {'prefect', 'dvc', 'tasks'} & set(sys.modules), sorted(sys.modules)\n"
+        "print('ok', type(m).__mro__[-2].__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "_ShardedImages"]
+
+
+def test_missing_shards_say_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dvc pull"):
+        ParquetImageDataset(tmp_path, "train")

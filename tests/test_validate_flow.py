@@ -1,0 +1,70 @@
+"""The validate flow against a real Prefect server: keyed artifacts on the flow run, the CLI's exit status."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from validate_fixtures import make_dataset, validate_params
+
+from flows.validate import ARTIFACT_KEYS, validate_flow
+
+
+def _project(root: Path, **params) -> Path:
+    """A directory with params.yaml (paths relative to it) around a dataset under data/."""
+    (root / "params.yaml").write_text(yaml.safe_dump({
+        "paths": {"raw": "data/raw", "manifests": "data/manifests", "label_map": "data/label_map.json",
+                  "parquet": "data/parquet", "work": "data/work", "metrics": "data/metrics",
+                  "reports": "data/reports"},
+        "validate": validate_params(**params)}))
+    return root / "params.yaml"
+
+
+def _artifacts(flow_run_id) -> dict:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {a.key: a for a in found}
+
+
+def test_flow_writes_reports_and_keyed_artifacts(prefect_api, tmp_path):
+    make_dataset(tmp_path / "data").write()
+    state = validate_flow(params_file=str(_project(tmp_path)), return_state=True)
+    assert state.is_completed(), state
+    reports = tmp_path / "data" / "reports"
+    assert sorted(p.name for p in reports.iterdir()) == ["class_counts.csv", "contact_sheet.png",
+                                                         "schema_report.json", "schema_report.md"]
+    metrics = json.loads((tmp_path / "data" / "metrics" / "validate.json").read_text())
+    assert metrics["train"]["rows"] == 12 and metrics["val"]["rows"] == 6
+
+    artifacts = _artifacts(state.state_details.flow_run_id)
+    assert set(ARTIFACT_KEYS.values()) <= set(artifacts)
+    report = artifacts[ARTIFACT_KEYS["report"]]
+    assert report.type == "markdown" and report.data == (reports / "schema_report.md").read_text()
+    splits = artifacts[ARTIFACT_KEYS["splits"]]
+    rows = json.loads(splits.data) if isinstance(splits.data, str) else splits.data
+    assert splits.type == "table" and [(r["split"], r["rows"]) for r in rows] == [("train", 12), ("val", 6)]
+    classes = artifacts[ARTIFACT_KEYS["classes"]]
+    rows = json.loads(classes.data) if isinstance(classes.data, str) else classes.data
+    assert rows[2] == {"label": 2, "wnid": "n01484850", "name": "great white shark", "train": 4, "val": 2}
+
+
+def test_stage_command_fails_with_a_summary_after_writing_the_reports(prefect_api, tmp_path):
+    ds = make_dataset(tmp_path / "data")
+    ds.drop("val", 1)
+    ds.write()
+    _project(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "flows.validate"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PREFECT_API_URL": prefect_api}, timeout=180)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "error: validation failed: 2 check(s) failed" in done.stderr
+    assert "  - class_set: 1 class(es) missing from a split — e.g. label 1 n01443537 'goldfish'" in done.stderr
+    assert "Traceback" not in done.stderr.split("error: validation failed")[1]
+    markdown = (tmp_path / "data" / "reports" / "schema_report.md").read_text()
+    assert markdown.startswith("# Schema and label validation: FAILED")
+    assert json.loads((tmp_path / "data" / "metrics" / "validate.json").read_text())["checks"]["fail"] == 2

@@ -5,7 +5,8 @@
 Images: unique variants of ../shared/data/imagenet-samples (copy 0 = the original bytes, copy k = k border pixels
 cropped off each side and re-encoded at q90), packed into one tar with a manifest + label map, exactly as the
 extract stage indexes the real archive. Everything is written under benchmarks/_work/convert/. Each method runs in
-a fresh subprocess; peak RSS = the highest sum of RSS over that process tree (sampled every 20 ms) — the memory
+a fresh subprocess; peak memory = the highest sum of PSS over that process tree (sampled every 20 ms; RSS would count pages
+shared by forked workers twice) — the memory
 the method needs. Times exclude interpreter start-up (each child times its own work). Page cache warm.
 Table 2 measures the row-group trade-off for a reader: random row reads vs a full scan."""
 from __future__ import annotations
@@ -188,7 +189,10 @@ def measure(method: str, root: Path, label: str, repeat: int = 2, **extra) -> di
 
 
 def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
-    """Run one method in a fresh process; sample the RSS of its whole process tree."""
+    """Run one method in a fresh process; sample the memory of its whole process tree.
+
+    PSS (proportional set size), not RSS: forked workers share the parent's pages, and RSS would count them
+    once per process."""
     out = WORK / "out" / label
     subprocess.run(["rm", "-rf", str(out)], check=True)
     proc = subprocess.Popen([sys.executable, __file__, "--child", method, str(root), str(out), json.dumps(extra)],
@@ -197,7 +201,7 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
     while proc.poll() is None:
         try:
             tree = [parent, *parent.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            peak = max(peak, sum(p.memory_full_info().pss for p in tree if p.is_running()))
         except psutil.Error:
             pass
         time.sleep(0.02)
@@ -251,7 +255,7 @@ def _scan(files: list[Path]) -> dict:
 
 # ------------------------------------------------------------------ main
 def _table(rows: list[dict], base: dict, limit: dict) -> str:
-    lines = [f"{'method':44} {'images':>7} {'img/s':>8} {'x seed':>7} {'x copy':>7} {'peak RSS MB':>11} "
+    lines = [f"{'method':44} {'images':>7} {'img/s':>8} {'x seed':>7} {'x copy':>7} {'peak PSS MB':>11} "
              f"{'out MB':>7} {'start s':>7} {'CPU ms/img':>10} {'x seed CPU':>10}"]
     for r in rows:
         lines.append(f"{r['label']:44} {r['images']:7d} {r['img_s']:8.0f} {r['img_s'] / base['img_s']:7.2f} "
@@ -286,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(measure("stage", big, "stage passthrough, 2 procs, 8x rows", policy="passthrough", workers=2))
     print("\n" + _table(rows, base, limit), flush=True)
     if not args.skip_8x:
-        print(f"\npeak RSS 8x / 1x (passthrough, 2 procs): {rows[-1]['peak_rss_mb'] / rows[2]['peak_rss_mb']:.2f}")
+        print(f"\npeak PSS 8x / 1x (passthrough, 2 procs): {rows[-1]['peak_rss_mb'] / rows[2]['peak_rss_mb']:.2f}")
     if not args.skip_row_groups:
         print(f"\n{'row_group_rows':>14} {'row groups':>10} {'random row ms':>13} {'footer KB':>9} "
               f"{'scan img/s':>10} {'scan MB/s':>9}")

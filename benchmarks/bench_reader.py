@@ -16,11 +16,13 @@ import argparse
 import math
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +139,7 @@ def write_inputs(work: Path, samples: list[tuple[str, int]]) -> tuple[Path, Path
 
 def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int | None, workers: int) -> Path:
     """Shards by the convert stage's own code and params.yaml defaults (row groups, shard size, quality)."""
-    out = work / "shards" / name
+    out = work / "shards" / name  # reused on the next run (same images, same params)
     if (out / "train").is_dir() and any((out / "train").glob("*.parquet")):
         return out
     cfg = load_params("convert", REPO / "params.yaml")
@@ -149,14 +151,24 @@ def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int
     return out
 
 
-def epoch(dataset: Any, args: argparse.Namespace, **loader_kw: Any) -> tuple[float, int]:
-    """Images/s for one full epoch through a DataLoader (workers started inside the timing, as in training)."""
+def _cpu_seconds() -> float:
+    """CPU time of this process plus its finished children (the DataLoader workers, once joined)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def epoch(dataset: Any, args: argparse.Namespace, **loader_kw: Any) -> tuple[float, float, int]:
+    """(images/s, images per CPU-second, images) for one full epoch through a DataLoader (workers started inside
+    the timing, as in training). CPU-seconds count main process + workers: robust to other users' load."""
     loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, **loader_kw)
-    started, seen = time.perf_counter(), 0
-    for images, _labels in loader:
+    started, cpu, seen = time.perf_counter(), _cpu_seconds(), 0
+    iterator = iter(loader)
+    for images, _labels in iterator:
         assert images.shape[1:] == (3, 224, 224) and images.dtype == torch.uint8
         seen += len(images)
-    return seen / (time.perf_counter() - started), seen
+    wall = time.perf_counter() - started
+    del iterator  # exhausted: workers already joined, so their CPU time is in RUSAGE_CHILDREN
+    return seen / wall, seen / (_cpu_seconds() - cpu), seen
 
 
 def drop_caches() -> None:
@@ -217,8 +229,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
     parser.add_argument("--rounds", type=int, default=2, help="warm runs per loader, interleaved; the best counts")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (they need root)")
+    parser.add_argument("--only", default="", help="run only loaders whose name contains this text (+ baselines)")
     args = parser.parse_args(argv)
 
+    args.work = args.work / f"{args.images}-images"
     folder = build_folder(args.samples, args.work / "folder", args.images)
     manifests, lmap = write_inputs(args.work, folder)
     shards = convert(args.work, manifests, lmap, "passthrough", None, args.workers)
@@ -231,42 +245,59 @@ def main(argv: list[str] | None = None) -> None:
           f"batch {args.batch_size}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
 
     tf = RandomResizedCropFlip()
-    runs = loaders(folder, shards, resized, tf)
-    results: list[tuple[str, str, float, str]] = []
+    runs = {name: run for name, run in loaders(folder, shards, resized, tf).items()
+            if args.only in name or "ceiling" in name or name.startswith("folder")}
+    results: list[Result] = []
     warm(files)
-    best: dict[str, tuple[float, str]] = {}
+    best: dict[str, Result] = {}
     for round_ in range(args.rounds):  # interleaved rounds: a load spike from other users hits one round, not one loader
         for name, run in runs.items():
-            before = loadavg()
-            rate, seen = run(args)
-            assert seen == args.images, (name, seen)
-            print(f"  warm#{round_} {name:45s} {rate:8.0f} img/s  (load {before} -> {loadavg()})", flush=True)
-            if rate > best.get(name, (0.0, ""))[0]:
-                best[name] = (rate, f"{before} -> {loadavg()}")
-    results += [("warm", name, rate, load) for name, (rate, load) in best.items()]
+            result = measure("warm", name, run, args)
+            print(f"  warm#{round_} {name:45s} {result.rate:6.0f} img/s {result.per_cpu:6.0f} img/CPU-s "
+                  f"(load {result.load})", flush=True)
+            if name not in best or result.rate > best[name].rate:
+                best[name] = result
+    results += list(best.values())
     if not args.no_cold:
         for name in ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
                      "reader map-style, RowGroupSampler", "reader iterable (shuffle buffer 1000)",
                      "resized-256: reader iterable"]:
+            if name not in runs:
+                continue
             drop_caches()
-            before = loadavg()
-            rate, _ = runs[name](args)
-            results.append(("cold", name, rate, f"{before} -> {loadavg()}"))
-            print(f"  cold  {name:45s} {rate:8.0f} img/s  (load {results[-1][3]})", flush=True)
+            results.append(measure("cold", name, runs[name], args))
+            print(f"  cold  {name:45s} {results[-1].rate:6.0f} img/s (load {results[-1].load})", flush=True)
     print_table(results)
 
 
-def print_table(results: list[tuple[str, str, float, str]]) -> None:
-    rate = {(cache, name): r for cache, name, r, _ in results}
+@dataclass
+class Result:
+    cache: str
+    name: str
+    rate: float
+    per_cpu: float
+    load: str
+
+
+def measure(cache: str, name: str, run: Callable, args: argparse.Namespace) -> Result:
+    before = loadavg()
+    rate, per_cpu, seen = run(args)
+    assert seen == args.images, (name, seen)
+    return Result(cache, name, rate, per_cpu, f"{before} -> {loadavg()}")
+
+
+def print_table(results: list[Result]) -> None:
+    """img/s (wall) and img per CPU-second, each as a ratio to the folder loader and to the decode-only ceiling."""
+    by = {(r.cache, r.name): r for r in results}
     folder = "folder of JPEGs (ImageFolder equivalent)"
-    print(f"\n| cache | loader | img/s | x folder | x ceiling | load avg (before -> after) |")
-    print("|---|---|---:|---:|---:|---|")
-    for cache, name, r, load in results:
-        ceiling_name = ("resized-256: ceiling (bytes in RAM)" if name.startswith("resized")
-                        else "decode-only ceiling (bytes in RAM)")
-        ceil = rate.get(("warm", ceiling_name))
-        print(f"| {cache} | {name} | {r:.0f} | {r / rate[(cache, folder)]:.2f} | "
-              f"{r / ceil:.2f} | {load} |" if ceil else f"| {cache} | {name} | {r:.0f} | - | - | {load} |")
+    print("\n| cache | loader | img/s | x folder | x ceiling | img/CPU-s | x folder | x ceiling | load avg |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
+        ceil = by[("warm", "resized-256: ceiling (bytes in RAM)" if r.name.startswith("resized")
+                   else "decode-only ceiling (bytes in RAM)")]
+        base = by[(r.cache, folder)]
+        print(f"| {r.cache} | {r.name} | {r.rate:.0f} | {r.rate / base.rate:.2f} | {r.rate / ceil.rate:.2f} | "
+              f"{r.per_cpu:.0f} | {r.per_cpu / base.per_cpu:.2f} | {r.per_cpu / ceil.per_cpu:.2f} | {r.load} |")
 
 
 if __name__ == "__main__":

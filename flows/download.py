@@ -23,6 +23,7 @@ def _network_failure(_task: Any, _run: Any, state: Any) -> bool:
     return False
 
 
+check_local_sources = task(dl.check_local_sources, name="check-local-sources")
 space_needed = task(dl.space_needed, name="space-needed")
 check_free_space = task(dl.check_free_space, name="check-free-space")
 fetch_sample = task(dl.fetch_sample, name="write-sample")
@@ -30,12 +31,13 @@ fetch_archive = task(dl.fetch_archive, name="fetch-archive", retries=2, retry_co
 write_download_json = task(dl.write_download_json, name="write-download-json")
 
 
-@flow(name="download")
+@flow(name="download", log_prints=True)
 def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]:
     params, sample = load_params("download", params_file), load_params("sample", params_file)
     raw_dir, cache_file = paths(params_file)["raw"], paths(params_file)["work"] / "md5_cache.json"
     opts = dl.FetchOptions.from_params(params)
     sources = dl.archive_sources(params)
+    check_local_sources(sources)
     check_free_space(raw_dir, space_needed(sources, raw_dir, opts, cache_file))
     records = fetch_sample(raw_dir, sample, cache_file) if "sample" in sources.values() else {}
     fetch = fetch_archive.with_options(retry_delay_seconds=4 * opts.backoff_s)

@@ -20,13 +20,13 @@ from prefect.cache_policies import NONE
 from prefect.settings import get_current_settings
 
 from tasks.common import PipelineError, paths
-from tasks.dvc_run import (DvcRun, dvc_env, lock_drift, lock_entries, metrics_rows, run_dvc, stage_names,
+from tasks.dvc_run import (FAILED, DvcRun, dvc_env, lock_drift, lock_entries, metrics_rows, run_dvc, stage_names,
                            stage_outcomes)
+from tasks.report import REPORT_MD
 from tasks.run_params import RunParams, apply_params, params_updates, preflight
 
 FLOW_NAME = "imagenet-parquet"
 DEPLOYMENT = "imagenet-pipeline"
-REPORT_NAME = "schema_report.md"  # written by the validate stage under paths.reports
 ARTIFACT_KEYS = {"report": "schema-report", "metrics": "pipeline-metrics", "stages": "pipeline-stages"}
 
 
@@ -91,11 +91,11 @@ def publish(project: Path, rows: list[dict], started: float, succeeded: bool) ->
     create_table_artifact(rows, key=ARTIFACT_KEYS["stages"], description="Stages of `dvc repro`: ran or skipped")
     published = [ARTIFACT_KEYS["stages"]]
     where = paths(project / "params.yaml")
-    report = project / where["reports"] / REPORT_NAME
+    report = project / where["reports"] / REPORT_MD
     # after a failure, only files (re)written during this run describe the current data
     if report.is_file() and (succeeded or report.stat().st_mtime >= started):
         create_markdown_artifact(report.read_text(encoding="utf-8"), key=ARTIFACT_KEYS["report"],
-                                 description=f"{where['reports'] / REPORT_NAME} (validate stage)")
+                                 description=f"{where['reports'] / REPORT_MD} (validate stage)")
         published.append(ARTIFACT_KEYS["report"])
     metrics_dir = project / where["metrics"]
     if metrics_dir.is_dir() and (succeeded or any(p.stat().st_mtime >= started for p in metrics_dir.glob("*.json"))):
@@ -114,7 +114,7 @@ def push(project: Path) -> None:
 
 
 def _failure(run: DvcRun, rows: list[dict]) -> PipelineError:
-    failed = [row["stage"] for row in rows if row["outcome"] == "failed"]
+    failed = [row["stage"] for row in rows if row["outcome"] == FAILED]
     where = f"stage '{failed[0]}'" if failed else "before any stage"
     return PipelineError(f"`dvc repro` failed in {where} (exit {run.returncode}); the stage's output is in this "
                          "run's logs. Last lines:\n" + "\n".join(run.tail[-15:]))

@@ -14,7 +14,7 @@ check_archive = task(vf.check_archive, name="check-archive")
 write_verify_json = task(vf.write_verify_json, name="write-verify-json")
 
 
-@flow(name="verify")
+@flow(name="verify", log_prints=True)
 def verify_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     params = load_params("verify", params_file)
     raw_dir, cache_file = paths(params_file)["raw"], paths(params_file)["work"] / "md5_cache.json"

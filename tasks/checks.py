@@ -104,7 +104,8 @@ def shard_schema_check(files: list, label_map: dict[str, Any], limit: int) -> li
         if problem:
             bad_meta.append({"split": split, "shard": path.name, "found": problem})
     return [
-        _shard_result("shard_schema", bad_types, limit, f"expected columns {expected}"),
+        _shard_result("shard_schema", bad_types, limit, "expected the columns and Arrow types of docs/CONTRACTS.md; "
+                      "re-run the convert stage"),
         _shard_result("schema_metadata", bad_meta, limit, "re-run the convert stage with this label map"),
     ]
 
@@ -121,14 +122,17 @@ def _metadata_problem(metadata: dict[bytes, bytes], split: str, label_map: dict[
     keys = {k.decode() for k in metadata}
     if not {"huggingface", "imagenet_parquet"} <= keys:
         return f"schema metadata keys {sorted(keys)}, no `huggingface` / `imagenet_parquet`"
-    own = json.loads(metadata[b"imagenet_parquet"])
+    try:
+        own = json.loads(metadata[b"imagenet_parquet"])
+        features = json.loads(metadata[b"huggingface"]).get("info", {}).get("features", {})
+    except (ValueError, AttributeError) as err:
+        return f"schema metadata that is not the expected JSON ({err})"
     if own.get("hash_algorithm") != HASH_ALGORITHM:
         return f"imagenet_parquet.hash_algorithm is {own.get('hash_algorithm')!r}, expected {HASH_ALGORITHM!r}"
     if own.get("split") != split:
         return f"imagenet_parquet.split is {own.get('split')!r} in the {split} directory"
     if own.get("label_map") != label_map:
         return "imagenet_parquet.label_map differs from label_map.json (train and val must share one label map)"
-    features = json.loads(metadata[b"huggingface"]).get("info", {}).get("features", {})
     expected = hf_features([c["name"] for c in label_map["classes"]])["info"]["features"]
     if features.get("label") != expected["label"]:
         return "huggingface ClassLabel names differ from the label map's names"

@@ -46,6 +46,8 @@ def prepare(job: Job) -> list[ShardPlan]:
         split_plans = plan_split(split, table.column("size").to_pylist(), job.target_bytes, base)
         remove_stale(job.parquet / split, {p.name for p in split_plans})
         plans += split_plans
+    for split in sorted(set(SPLITS) - set(job.splits())):  # a split no longer in the manifests
+        remove_stale(job.parquet / split, set())
     if not plans:
         raise PipelineError(f"{job.manifests}: expected manifests {[f'{s}.parquet' for s in SPLITS]}, found none; "
                             "run the extract stage first (`dvc repro extract`)")

@@ -19,8 +19,8 @@ from tasks.fetch import FetchOptions, RetryableError, kind, redact, remote_size,
 from tasks.md5state import cached_md5, remember_md5
 from tasks.sample import MD5_TABLE, write_sample
 
-__all__ = ["FetchOptions", "RetryableError", "archive_sources", "check_free_space", "fetch_archive",
-           "fetch_sample", "link_local", "space_needed", "write_download_json"]
+__all__ = ["FetchOptions", "RetryableError", "archive_sources", "check_free_space", "check_local_sources",
+           "fetch_archive", "fetch_sample", "link_local", "space_needed", "write_download_json"]
 GB = 1e9
 SPACE_MARGIN = 64 << 20  # keep a little room for everything else on the disk
 
@@ -47,6 +47,16 @@ def local_path(source: str) -> Path:
     if parts.scheme == "file":
         return Path(urllib.request.url2pathname(parts.path))
     return Path(source).expanduser()
+
+
+def check_local_sources(sources: dict[str, str]) -> None:
+    """Fail before touching anything when local sources are missing, naming all of them at once."""
+    missing = [str(local_path(s)) for s in sources.values() if kind(s) == "local" and not local_path(s).is_file()]
+    if missing:
+        raise PipelineError(f"expected the ILSVRC2012 archives at {', '.join(missing)}, found no such file"
+                            f"{'s' if len(missing) > 1 else ''}. Set download.source in params.yaml to the "
+                            "directory holding the three official archives (or download.train / val / devkit "
+                            "to each file).")
 
 
 def check_free_space(raw_dir: Path, needed: dict[str, int]) -> None:
@@ -131,6 +141,9 @@ def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cac
 
 
 def write_download_json(raw_dir: Path, params: dict[str, Any], records: dict[str, dict[str, Any]]) -> Path:
+    """download.json (docs/CONTRACTS.md), plus one printed line per archive."""
+    for name, r in sorted(records.items()):
+        print(f"{name}: {r['bytes']:,} bytes, {r['method']} from {r['source']}")
     if any(r["method"] != "sample" for r in records.values()):
         (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
     return write_json(raw_dir / "download.json",

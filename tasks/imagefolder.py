@@ -7,6 +7,7 @@ not a DVC output: DVC would otherwise hash every one of its files on every `dvc 
 from __future__ import annotations
 
 import os
+import re
 import tarfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -18,6 +19,7 @@ from tasks.common import PipelineError, atomic_path
 from tasks.tarindex import TAR_ENCODING, open_tar, safe_members
 
 SPLITS = ("train", "val")
+CLASS_TAR_PREFIX = re.compile(r"^(.*?n\d{8}\.tar)/")  # `<...>/n01440764.tar/<image>` → the class tar member
 Targets = dict[tuple[str, int], str]  # (member path, offset in the archive) → relative target path
 
 
@@ -48,7 +50,7 @@ def _extract_archive(archive: Path, nested: bool, targets: Targets, dest: Path) 
     with open_tar(archive) as outer:
         if not nested:
             return _extract_members(outer, str(archive), limit, targets, dest)
-        wanted = {member.split("/", 1)[0] for member, _ in targets}
+        wanted = {match.group(1) for member, _ in targets if (match := CLASS_TAR_PREFIX.match(member))}
         done = 0
         for inner in safe_members(outer, str(archive), limit):
             if inner.isreg() and inner.name in wanted:

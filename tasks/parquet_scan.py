@@ -46,7 +46,11 @@ def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
 
 def _read_shard_metadata(path: Path) -> pd.DataFrame:
     """The metadata columns present in one shard (image.path flattened to `image_path`), no image bytes."""
-    pf = pq.ParquetFile(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as err:
+        raise PipelineError(f"{path}: expected a Parquet shard, found an unreadable file ({err}); re-run the "
+                            "convert stage (`dvc repro convert`)") from None
     present = set(pf.schema_arrow.names) | {f"image.{f.name}" for f in _image_fields(pf.schema_arrow)}
     table = pf.read(columns=[c for c in SMALL_COLUMNS if c in present], use_threads=False)
     frame = table.drop_columns([c for c in ["image"] if c in table.column_names]).to_pandas()

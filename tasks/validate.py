@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 
 from tasks.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
 from tasks.common import PipelineError
+from tasks.convert import BAD_IMAGES
 from tasks.dataset_checks import (class_count_check, class_set_check, class_table, count_summary, leakage_check,
                                   manifest_check, manifest_label_check)
 from tasks.hf_meta import COLUMNS, class_names
 from tasks.parquet_scan import SPLITS, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
 from tasks.report import build_report, failure_summary
 
-BAD_IMAGES = "bad_images.jsonl"
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
 
 

@@ -6,8 +6,10 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import scipy.io
 
+from tasks import extract, imagefolder
 from tasks.common import ARCHIVES
 from tasks.labels import shipped_synsets
 
@@ -88,3 +90,18 @@ def small_release(raw: Path, classes: list[str] | None = None, per_class: int = 
     val = {f"ILSVRC2012_val_{i + 1:08d}.JPEG": classes[(len(classes) - 1 - i) % len(classes)]
            for i in range(len(classes) * val_per_class)}
     return write_release(raw, train, val, **kwargs)
+
+
+def run_extract(raw: Path, out: Path, materialize: bool = False, **options) -> dict:
+    """scan train + val, finalize (and materialize): what the flow does, without Prefect."""
+    for split in extract.SPLITS:
+        extract.scan_archive_split(split, raw / ARCHIVES[split], out / "staging", root=out)
+    report = extract.finalize(out / "staging", out / "manifests", out / "label_map.json",
+                              devkit_path=raw / ARCHIVES["devkit"], **options)
+    if materialize:
+        imagefolder.materialize(out / "manifests", out / "imagefolder", root=out)
+    return report
+
+
+def manifest(out: Path, split: str) -> list[dict]:
+    return pq.read_table(out / "manifests" / f"{split}.parquet").to_pylist()

@@ -18,7 +18,7 @@ def _params(tmp_path: Path, source: str, checksums: str) -> Path:
         "paths": {"raw": str(tmp_path / "raw"), "work": str(tmp_path / "work")},
         "sample": {"classes": 2, "train_per_class": 2, "val_per_class": 1, "seed": 0},
         "download": {"source": source, "train": None, "val": None, "devkit": None, "retries": 0,
-                     "backoff_s": 0.01, "timeout_s": 5, "chunk_mb": 0.0625},
+                     "backoff_s": 0.01, "timeout_s": 60, "chunk_mb": 0.0625},
         "verify": {"checksums": checksums},
     }
     path = tmp_path / "params.yaml"

@@ -9,6 +9,7 @@ from test_deployment import _artifacts, _client, _logs, _outcomes, _run, _table,
 
 from tasks.common import paths
 from tasks.dvc_run import RAN, stage_names
+from tasks.report import REPORT_MD
 from tasks.run_params import RunParams
 
 
@@ -24,7 +25,7 @@ def test_ui_run_of_the_real_pipeline_on_the_sample(prefect_api, project_copy):
     where = paths(project_copy / "params.yaml")
     artifacts = _artifacts(run.id)
     assert _outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(stages, RAN)
-    assert artifacts["schema-report"].data == (project_copy / where["reports"] / "schema_report.md").read_text()
+    assert artifacts["schema-report"].data == (project_copy / where["reports"] / REPORT_MD).read_text()
     assert {row["file"] for row in _table(artifacts["pipeline-metrics"])} == {"convert.json", "validate.json"}
     assert sorted((project_copy / where["parquet"]).rglob("*.parquet"))
     assert "Running stage 'validate'" in _logs(run.id, until="Running stage 'validate'")

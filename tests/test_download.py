@@ -69,6 +69,10 @@ def test_not_found_fails_at_once_with_a_clear_error(server, tmp_path):
     assert [m for m, _p, _r in server.requests] == ["GET"]  # a 404 is not retried
     with pytest.raises(PipelineError, match="found nothing"):
         dl.fetch_archive(NAME, str(tmp_path / "nowhere" / NAME), tmp_path / "raw", FAST, tmp_path / "c.json")
+    with pytest.raises(PipelineError, match=r"nowhere/ILSVRC2012_img_train.tar, .*nowhere/ILSVRC2012_img_val.tar, "
+                                            r".*nowhere/ILSVRC2012_devkit_t12.tar.gz, found no such files"):
+        dl.check_local_sources(dl.archive_sources({"source": str(tmp_path / "nowhere")}))
+    assert list((tmp_path / "raw").iterdir()) == []
 
 
 def test_interrupted_run_keeps_part_and_rerun_completes(server, payload, tmp_path):

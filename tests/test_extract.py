@@ -8,26 +8,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from archive_builders import small_release, write_release
+from archive_builders import manifest, run_extract, small_release, write_release
 
-from tasks import extract, imagefolder, labels
+from tasks import extract, labels
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError
 from tasks.devkit import read_label_csv
-
-
-def run_extract(raw: Path, out: Path, materialize: bool = False, **options) -> dict:
-    """scan train + val, finalize (and materialize): what the flow does, without Prefect."""
-    for split in extract.SPLITS:
-        extract.scan_archive_split(split, raw / ARCHIVES[split], out / "staging", root=out)
-    report = extract.finalize(out / "staging", out / "manifests", out / "label_map.json",
-                              devkit_path=raw / ARCHIVES["devkit"], **options)
-    if materialize:
-        imagefolder.materialize(out / "manifests", out / "imagefolder", root=out)
-    return report
-
-
-def manifest(out: Path, split: str) -> list[dict]:
-    return pq.read_table(out / "manifests" / f"{split}.parquet").to_pylist()
 
 
 def tarfile_bytes(archive: Path, member: str) -> bytes:
@@ -259,3 +244,22 @@ def test_real_val_ground_truth_csv_and_cmc_list(shared_data):
     cmc = labels.read_class_list(shared_data / "imagenet" / "imagenet100_cmc.txt")
     assert len(cmc) == 100 and set(cmc) <= set(synsets)
     assert cmc == labels.read_class_list("imagenet100")  # the shipped copy = the shared facts
+
+
+def test_class_tars_in_a_subfolder_of_the_train_archive(tmp_path):
+    """A train archive whose class tars sit under a folder still indexes and materializes."""
+    from archive_builders import tar_bytes
+
+    small_release(tmp_path / "raw")
+    train = tmp_path / "raw" / ARCHIVES["train"]
+    with tarfile.open(train) as tar:
+        members = [(f"ILSVRC2012_img_train/{m.name}", tar.extractfile(m).read()) for m in tar.getmembers()]
+    train.write_bytes(tar_bytes(members))
+    run_extract(tmp_path / "raw", tmp_path / "out", materialize=True)
+    rows = manifest(tmp_path / "out", "train")
+    assert rows[0]["member"] == "ILSVRC2012_img_train/n01440764.tar/n01440764_1.JPEG"
+    for row in rows:
+        tree_file = tmp_path / "out" / "imagefolder" / "train" / row["wnid"] / row["name"]
+        with open(train, "rb") as fh:
+            fh.seek(row["offset"])
+            assert tree_file.read_bytes() == fh.read(row["size"])

@@ -54,3 +54,26 @@ def test_stage_command_fails_cleanly(prefect_api, sample_release, tmp_path):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "error: " in proc.stderr and "expected every class of extract.classes in train" in proc.stderr
     assert not (project / "data" / "manifests").exists() and not (project / "data" / "label_map.json").exists()
+
+
+def test_dvc_stage_tracks_index_not_imagefolder(prefect_api, sample_release, project_copy):
+    """`dvc repro -s extract` with materialize: true: the lock lists manifests + label map only, and touching
+    the ImageFolder tree leaves the stage up to date (DVC never hashes it)."""
+    params = yaml.safe_load((project_copy / "params.yaml").read_text())
+    params["extract"]["materialize"] = True
+    (project_copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    raw = project_copy / "data" / "raw"
+    raw.mkdir(parents=True)
+    for name in ARCHIVES.values():
+        (raw / name).symlink_to(sample_release / name)
+    (raw / "verify.json").write_text(json.dumps({"checksums": "sample", "archives": {}}))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    dvc = [sys.executable, "-m", "dvc", "repro", "-s", "extract"]
+    first = subprocess.run(dvc, cwd=project_copy, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    lock = yaml.safe_load((project_copy / "dvc.lock").read_text())["stages"]["extract"]
+    assert sorted(out["path"] for out in lock["outs"]) == ["data/label_map.json", "data/manifests"]
+    image = next((project_copy / "data/work/imagefolder/val").rglob("*.JPEG"))
+    image.write_bytes(b"changed")
+    second = subprocess.run(dvc, cwd=project_copy, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and "didn't change" in second.stdout, second.stdout + second.stderr

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from archive_builders import image_bytes, small_release, special, tar_bytes
-from test_extract import run_extract
+from archive_builders import image_bytes, run_extract, small_release, special, tar_bytes
 
 from tasks import imagefolder
 from tasks.common import ARCHIVES, PipelineError

@@ -237,6 +237,11 @@ def test_decode_sample_is_deterministic_and_bounded(tmp_path):
 
 def test_missing_inputs_name_the_file_and_the_stage_to_run(tmp_path):
     ds = make_dataset(tmp_path / "ds").write()
+    shard = ds.parquet_dir / "val" / "val-00000-of-00001.parquet"
+    shard.write_bytes(b"not parquet")
+    with pytest.raises(PipelineError, match="val-00000-of-00001.parquet: expected a Parquet shard"):
+        _run(ds)
+    ds.write()
     (ds.parquet_dir / "bad_images.jsonl").unlink()
     with pytest.raises(PipelineError, match="bad_images.jsonl: expected .* run `dvc repro convert`"):
         _run(ds)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 
+import pytest
 import yaml
 from validate_fixtures import make_dataset
 
@@ -22,6 +23,7 @@ def _commit(project, message: str) -> None:
     _sh(project, "git", "-c", "user.name=t", "-c", "user.email=t@127.0.0.1", "commit", "-qm", message)
 
 
+@pytest.mark.slow
 def test_dvc_stage_metrics_plots_and_diffs(prefect_api, project_copy):
     project = project_copy
     ds = make_dataset(project / "data")

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_peak_memory_is_flat_in_image_bytes(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_validate.py"), "--rows", "16",
                            "--json", "--work", str(tmp_path)], capture_output=True, text=True, timeout=300)

@@ -1,0 +1,126 @@
+"""The run form, its JSON schema, the form -> params.yaml writer and the DVC output parsing (no Prefect server).
+The served deployment is tested in tests/test_deployment.py."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from tasks.common import PipelineError
+from tasks.dvc_run import FAILED, NOT_REACHED, RAN, SKIPPED, DvcRun, lock_drift, metrics_rows, stage_outcomes, \
+    stream_lines
+from tasks.run_params import RunParams, apply_params, params_updates, preflight
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"preset": "imagenet1k-archives"}, "imagenet1k-archives preset needs `location`"),
+    ({"preset": "imagenet100-folder", "location": ""}, "imagenet100-folder preset needs `location`"),
+    ({"classes": "file"}, "classes=file needs `classes_file`"),
+    ({"resize_shorter": 256}, "resize_shorter needs policy=reencode"),
+    ({"quality": 0}, "greater than or equal to 1"),
+    ({"preset": "imagenet"}, "'sample', 'imagenet1k-archives' or 'imagenet100-folder'"),
+    ({"colour": "red"}, "Extra inputs are not permitted"),
+])
+def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(")) as err:
+        RunParams(**fields)
+    assert len(err.value.errors()) == 1
+
+
+@pytest.mark.parametrize("fields", [
+    {"preset": "imagenet1k-archives"}, {"classes": "file", "classes_file": None}, {"resize_shorter": 160},
+    {"quality": 101}, {"policy": "lossless"},
+])
+def test_json_schema_the_server_enforces_rejects_what_the_model_rejects(fields):
+    """The Prefect server validates a run's parameters against the deployment's JSON schema before creating the
+    run: the cross-field rules are in that schema, so the UI refuses them too."""
+    from prefect.utilities.schema_tools.validation import ValidationError as SchemaError
+    from prefect.utilities.schema_tools.validation import validate
+
+    from flows.pipeline import imagenet_parquet
+
+    schema = imagenet_parquet.parameters.model_dump()
+    with pytest.raises(ValidationError):
+        RunParams(**fields)
+    with pytest.raises(SchemaError):
+        validate({"params": fields}, schema, raise_on_error=True)
+    validate({"params": RunParams().model_dump(mode="json")}, schema, raise_on_error=True)
+
+
+def test_form_values_reach_params_yaml_with_comments_and_other_keys_kept(tmp_path):
+    params_file = tmp_path / "params.yaml"
+    original = (REPO / "params.yaml").read_text()
+    params_file.write_text(original)
+    assert apply_params(params_file, params_updates(RunParams())) == {}  # the defaults are params.yaml's values
+    assert params_file.read_text() == original
+
+    form = RunParams(preset="imagenet1k-archives", location="s3://bucket/ilsvrc: 2012", classes="imagenet100",
+                     policy="reencode", quality=85, resize_shorter=256)
+    changed = apply_params(params_file, params_updates(form))
+    assert changed == {"download.source": ("sample", "s3://bucket/ilsvrc: 2012"),
+                       "extract.classes": ("all", "imagenet100"), "convert.policy": ("passthrough", "reencode"),
+                       "convert.quality": (90, 85), "convert.resize_shorter": (None, 256)}
+    new = params_file.read_text()
+    assert yaml.safe_load(new)["download"]["source"] == "s3://bucket/ilsvrc: 2012"
+    changed_lines = [(a, b) for a, b in zip(original.splitlines(), new.splitlines()) if a != b]
+    assert len(original.splitlines()) == len(new.splitlines()) and len(changed_lines) == 5
+    assert all(a.split(":")[0] == b.split(":")[0] for a, b in changed_lines)  # same keys
+    assert all(a.partition(" #")[2] == b.partition(" #")[2] for a, b in changed_lines)  # same comments
+
+    folder = RunParams(preset="imagenet100-folder", location="/data/imagenet100", classes="file",
+                       classes_file="my_classes.txt")
+    apply_params(params_file, params_updates(folder))
+    params = yaml.safe_load(params_file.read_text())
+    assert params["download"]["source"] == "sample"
+    assert {key: params["extract"][key] for key in ("mode", "folder", "classes")} == {
+        "mode": "folder", "folder": "/data/imagenet100", "classes": "my_classes.txt"}
+
+
+def test_preflight_refuses_a_local_path_that_does_not_exist(tmp_path):
+    missing = RunParams(preset="imagenet100-folder", location=str(tmp_path / "nope"))
+    with pytest.raises(PipelineError, match="`location` is .*nope.*does not exist on this machine"):
+        preflight(missing, tmp_path)
+    (tmp_path / "classes.txt").write_text("n01440764\n")
+    preflight(RunParams(classes="file", classes_file="classes.txt"), tmp_path)  # relative to the project
+    preflight(RunParams(preset="imagenet1k-archives", location="http://127.0.0.1:9/ilsvrc"), tmp_path)
+
+
+def test_stage_outcomes_name_the_failed_stage_and_lock_drift_is_reported():
+    stages = ["download", "verify", "extract"]
+    died = DvcRun(1, {"download": SKIPPED, "verify": RAN})  # no "failed to reproduce" line: the last one ran
+    rows = stage_outcomes(stages, died, {"download": 1}, {"download": 2})
+    assert [row["outcome"] for row in rows] == [SKIPPED, FAILED, NOT_REACHED]
+    assert [row["dvc.lock"] for row in rows] == ["updated", "unchanged", "unchanged"]
+    assert lock_drift(rows) == ["download"]  # its lock changed though DVC said it skipped it
+
+
+def test_stream_lines_passes_lines_and_throttles_progress_redraws():
+    out = io.BytesIO("start\n\r 10%\r 20%\r 30%\nstage: éł\r\n\n".encode())
+    assert list(stream_lines(out, progress_every=3600)) == ["start", " 10%", " 30%", "stage: éł"]
+
+
+def test_metrics_rows_flatten_every_json(tmp_path):
+    (tmp_path / "b.json").write_text(json.dumps({"rows": {"val": 5, "train": 20}, "bad": [1, 2]}))
+    (tmp_path / "a.json").write_text(json.dumps({"ok": True}))
+    assert metrics_rows(tmp_path) == [
+        {"file": "a.json", "metric": "ok", "value": True},
+        {"file": "b.json", "metric": "bad", "value": "[1, 2]"},
+        {"file": "b.json", "metric": "rows.train", "value": 20},
+        {"file": "b.json", "metric": "rows.val", "value": 5},
+    ]
+
+
+def test_push_without_a_default_remote_is_refused_up_front(tmp_path):
+    from flows.pipeline import check_remote
+
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    with pytest.raises(PipelineError, match="push=yes needs a default DVC remote"):
+        check_remote(tmp_path)  # (with a remote it passes: test_ui_run_... pushes)

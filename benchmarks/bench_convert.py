@@ -83,7 +83,8 @@ def write_index(root: Path, entries: list[tuple[str, int, int]], repeat: int) ->
     rows = [{"split": "train", "label": label[n.split("_")[0]], "wnid": n.split("_")[0],
              "name": n if r == 0 else n.replace(".JPEG", f"_r{r}.JPEG"), "source": "data/raw/images.tar",
              "member": n, "offset": o, "size": s} for r in range(repeat) for n, o, s in entries]
-    rows.sort(key=lambda row: (row["wnid"], row["name"]))
+    if repeat == 1:  # the contract's order; repeats stay as `repeat` passes over the sorted base set
+        rows.sort(key=lambda row: (row["wnid"], row["name"]))
     (root / "data" / "manifests").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=MANIFEST), root / "data" / "manifests" / "train.parquet")
     classes = [{"label": i, "wnid": w, "name": w, "words": w, "ilsvrc2012_id": None} for i, w in enumerate(wnids)]
@@ -93,7 +94,8 @@ def write_index(root: Path, entries: list[tuple[str, int, int]], repeat: int) ->
 
 def repeated_set(base: Path, times: int) -> Path:
     """`times` x the base set's rows, pointing at the same tar bytes (cheap; passthrough memory does not depend on
-    uniqueness because image bytes are stored uncompressed)."""
+    uniqueness because image bytes are stored uncompressed). Ordered as `times` passes over the base set, so row
+    groups hold the same mix of images as in the base set (not 8 copies of one image side by side); same classes."""
     root = WORK / f"{base.name}-x{times}"
     (root / "data" / "raw").mkdir(parents=True, exist_ok=True)
     link = root / "data" / "raw" / "images.tar"

@@ -1,6 +1,6 @@
 """Reader vs folder-of-JPEGs vs decode-only ceiling, side by side in one run (issue 6, item 4).
 
-    python benchmarks/bench_reader.py [--images 5000] [--workers 2] [--batch-size 64] [--no-cold]
+    python benchmarks/bench_reader.py [--images 5000] [--workers 2] [--batch-size 64] [--rounds 3] [--no-cold]
 
 Replicates ../shared/data/imagenet-samples to `--images` real JPEGs (distinct files: an ImageFolder tree under
 benchmarks/_work/reader/folder), indexes them in a folder-mode manifest (docs/CONTRACTS.md) and converts them
@@ -137,7 +137,8 @@ def write_inputs(work: Path, samples: list[tuple[str, int]]) -> tuple[Path, Path
     return manifests, work / "label_map.json"
 
 
-def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int | None, workers: int) -> Path:
+def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int | None, workers: int,
+            row_group_rows: int | None = None) -> Path:
     """Shards by the convert stage's own code and params.yaml defaults (row groups, shard size, quality)."""
     out = work / "shards" / name  # reused on the next run (same images, same params)
     if (out / "train").is_dir() and any((out / "train").glob("*.parquet")):
@@ -146,7 +147,7 @@ def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int
     policy = Policy(policy=cfg["policy"], quality=cfg["quality"], resize_shorter=resize, exif=cfg["exif"])
     job = Job(manifests=manifests, label_map=label_map, parquet=out, work=work / "convert-work" / name,
               metrics=work / "convert-work" / name / "convert.json", policy=policy, shard_mb=cfg["shard_mb"],
-              row_group_rows=cfg["row_group_rows"], root=REPO)
+              row_group_rows=row_group_rows or cfg["row_group_rows"], root=REPO)
     run_local(job, workers=workers, progress=False)
     return out
 
@@ -187,7 +188,8 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, tf: Callable) -> dict[str, Callable]:
+def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: Path, tf: Callable
+            ) -> dict[str, Callable]:
     def ceiling(root: Path) -> Callable:
         def run(args):
             ds = ParquetImageDataset(root, "train", decode=False)
@@ -211,6 +213,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, tf: Call
         "decode-only ceiling (bytes in RAM)": ceiling(shards),
         "reader map-style, random order": mapped(shards, False),
         "reader map-style, RowGroupSampler": mapped(shards, True),
+        "reader map-style, random, 10-row groups": mapped(small, False),
         "reader iterable (shuffle buffer 1000)": iterable(shards),
         "reader iterable + draft_size=224": lambda args: epoch(
             ParquetIterableDataset(shards, "train", transform=tf, seed=1, draft_size=224), args),
@@ -227,47 +230,61 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--samples", type=Path, default=REPO.parent / "shared" / "data" / "imagenet-samples")
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
-    parser.add_argument("--rounds", type=int, default=2, help="warm runs per loader, interleaved; the best counts")
+    parser.add_argument("--rounds", type=int, default=3, help="warm runs per loader, interleaved; the best counts")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (they need root)")
     parser.add_argument("--only", default="", help="run only loaders whose name contains this text (+ baselines)")
     args = parser.parse_args(argv)
 
     args.work = args.work / f"{args.images}-images"
+    folder, shards, resized, small = prepare(args)
+    runs = {name: run for name, run in loaders(folder, shards, resized, small, RandomResizedCropFlip()).items()
+            if args.only in name or "ceiling" in name or name.startswith("folder")}
+    warm([Path(p) for p, _ in folder] + sorted(args.work.joinpath("shards").rglob("*.parquet")))
+    results = run_warm(runs, args)
+    if not args.no_cold:
+        results += run_cold(runs, args)
+    print_table(results)
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path, Path]:
+    """The folder tree and the three shard sets (reused when already there); prints what was measured on."""
     folder = build_folder(args.samples, args.work / "folder", args.images)
     manifests, lmap = write_inputs(args.work, folder)
     shards = convert(args.work, manifests, lmap, "passthrough", None, args.workers)
     resized = convert(args.work, manifests, lmap, "resize256", 256, args.workers)
-    files = [Path(p) for p, _ in folder] + sorted(shards.rglob("*.parquet")) + sorted(resized.rglob("*.parquet"))
+    small = convert(args.work, manifests, lmap, "passthrough-rg10", None, args.workers, row_group_rows=10)
     mb = {name: sum(p.stat().st_size for p in sorted(root.rglob("*.parquet"))) / 1e6
           for name, root in [("passthrough", shards), ("resize256", resized)]}
     print(f"{args.images} images ({sum(os.path.getsize(p) for p, _ in folder) / 1e6:.0f} MB as files; shards: "
           f"passthrough {mb['passthrough']:.0f} MB, resized-256 {mb['resize256']:.0f} MB), {args.workers} workers, "
           f"batch {args.batch_size}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
+    return folder, shards, resized, small
 
-    tf = RandomResizedCropFlip()
-    runs = {name: run for name, run in loaders(folder, shards, resized, tf).items()
-            if args.only in name or "ceiling" in name or name.startswith("folder")}
-    results: list[Result] = []
-    warm(files)
+
+def run_warm(runs: dict[str, Callable], args: argparse.Namespace) -> list["Result"]:
+    """Interleaved rounds (a load spike from other users hits one round, not one loader); the best round counts."""
     best: dict[str, Result] = {}
-    for round_ in range(args.rounds):  # interleaved rounds: a load spike from other users hits one round, not one loader
+    for round_ in range(args.rounds):
         for name, run in runs.items():
             result = measure("warm", name, run, args)
             print(f"  warm#{round_} {name:45s} {result.rate:6.0f} img/s {result.per_cpu:6.0f} img/CPU-s "
                   f"(load {result.load})", flush=True)
             if name not in best or result.rate > best[name].rate:
                 best[name] = result
-    results += list(best.values())
-    if not args.no_cold:
-        for name in ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
-                     "reader map-style, RowGroupSampler", "reader iterable (shuffle buffer 1000)",
-                     "resized-256: reader iterable"]:
-            if name not in runs:
-                continue
+    return list(best.values())
+
+
+def run_cold(runs: dict[str, Callable], args: argparse.Namespace) -> list["Result"]:
+    """One epoch per loader right after dropping the page cache."""
+    results = []
+    for name in ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
+                 "reader map-style, RowGroupSampler", "reader iterable (shuffle buffer 1000)",
+                 "resized-256: reader iterable"]:
+        if name in runs:
             drop_caches()
             results.append(measure("cold", name, runs[name], args))
             print(f"  cold  {name:45s} {results[-1].rate:6.0f} img/s (load {results[-1].load})", flush=True)
-    print_table(results)
+    return results
 
 
 @dataclass

@@ -69,6 +69,15 @@ def label_map_from_metadata(meta: dict[bytes, bytes] | None, where: str | os.Pat
         "(e.g. data/label_map.json)")
 
 
+def _own_label_map(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
+    ours = _metadata_json(meta, METADATA_KEY)
+    return ours.get("label_map") if ours else None
+
+
+def _label_keys(label_map: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+    return sorted((c.get("label"), c.get("wnid"), c.get("name")) for c in label_map.get("classes", []))
+
+
 def load_label_map(path: str | os.PathLike) -> dict[str, Any]:
     """Read `data/label_map.json` (docs/CONTRACTS.md)."""
     with open(path, encoding="utf-8") as fh:
@@ -90,21 +99,25 @@ class ShardIndex:
 
     @classmethod
     def build(cls, files: Sequence[Path], label_map: dict[str, Any] | None = None) -> "ShardIndex":
-        """Read only the Parquet footers (no data pages) and check every shard carries the same label map."""
+        """Read only the Parquet footers (no data pages); every shard must carry the same label map, and an
+        explicit `label_map` must agree with it (same wnid and name per label) where the shards carry one."""
         file_of, group_of, rows = [], [], []
         found: dict[str, Any] | None = None
         for i, path in enumerate(files):
             meta = pq.read_metadata(path)
-            if label_map is None:
-                this = label_map_from_metadata(meta.metadata, path)
-                if found is not None and this != found:
-                    raise ValueError(f"{path}: expected the same label map as {files[0]}, found a different one; "
-                                     "mixing shards from different conversions is not supported")
-                found = this
+            this = _own_label_map(meta.metadata) if label_map is not None else \
+                label_map_from_metadata(meta.metadata, path)
+            if this is not None and found is not None and this != found:
+                raise ValueError(f"{path}: expected the same label map as {files[0]}, found a different one; "
+                                 "mixing shards from different conversions is not supported")
+            found = found or this
             for g in range(meta.num_row_groups):
                 file_of.append(i)
                 group_of.append(g)
                 rows.append(meta.row_group(g).num_rows)
+        if label_map is not None and found is not None and _label_keys(label_map) != _label_keys(found):
+            raise ValueError(f"label_map: expected the label map stored in {files[0]} (same wnid and name per "
+                             "label), found a different one; drop label_map= or pass the matching label_map.json")
         rows_arr = np.asarray(rows, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(rows_arr)]).astype(np.int64)
         return cls(tuple(Path(p) for p in files), np.asarray(file_of, dtype=np.int64),

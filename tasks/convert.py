@@ -5,7 +5,6 @@ row groups (resuming: a shard finished for the same plan is kept), `finalize` wr
 metrics. `run_local` chains them over a process pool without Prefect (library use, benchmarks)."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import multiprocessing
@@ -45,6 +44,9 @@ def prepare(job: Job) -> list[ShardPlan]:
         _check_labels(job.manifest(split), table, wnid_label)
         split_plans = plan_split(split, table.column("size").to_pylist(), job.target_bytes, base)
         remove_stale(job.parquet / split, {p.name for p in split_plans})
+        remove_stale(job.work / "convert" / split,
+                     {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p))})
+        _write_slices(job, table, split_plans)
         plans += split_plans
     for split in sorted(set(SPLITS) - set(job.splits())):  # a split no longer in the manifests
         remove_stale(job.parquet / split, set())
@@ -62,7 +64,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
         return {**done, "resumed": True}
     started = time.perf_counter()
     label_map = _label_map(job.label_map)
-    rows = _manifest(job.manifest(plan.split)).slice(plan.start, plan.stop - plan.start).to_pylist()
+    rows = _rows(job, plan)
     schema = shard_schema(label_map, job.output_params(), plan.split)
     tally = _Tally(split=plan.split)
     count = write_shard(shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally))
@@ -177,19 +179,29 @@ class _Sources:
         return read_exact(self.fd, size, offset, source)
 
 
-@functools.lru_cache(maxsize=4)
-def _manifest_cached(path: str, mtime_ns: int, size: int) -> pa.Table:
-    return pq.read_table(path, columns=MANIFEST_COLUMNS)
-
-
 def _manifest(path: Path) -> pa.Table:
-    """The manifest columns convert needs, read once per process (keyed by path, mtime and size)."""
+    """The manifest columns convert needs (read once, by the planner)."""
     try:
-        st = path.stat()
-        return _manifest_cached(str(path), st.st_mtime_ns, st.st_size)
+        return pq.read_table(path, columns=MANIFEST_COLUMNS)
     except (OSError, pa.ArrowInvalid, KeyError) as err:
         raise PipelineError(f"{path}: expected a manifest with columns {MANIFEST_COLUMNS} (docs/CONTRACTS.md), "
                             f"found: {err}; re-run the extract stage") from None
+
+
+def _write_slices(job: Job, table: pa.Table, plans: list[ShardPlan]) -> None:
+    """Each shard's manifest rows in a small file next to its stats: a worker reads only its own rows, so worker
+    memory does not grow with the manifest (1.28M rows for ImageNet train)."""
+    for plan in plans:
+        with atomic_path(job.rows_path(plan)) as tmp:
+            pq.write_table(table.slice(plan.start, plan.stop - plan.start), tmp)
+
+
+def _rows(job: Job, plan: ShardPlan) -> list[dict[str, Any]]:
+    rows = pq.read_table(job.rows_path(plan)).to_pylist()
+    if len(rows) != plan.stop - plan.start:
+        raise PipelineError(f"{job.rows_path(plan)}: expected {plan.stop - plan.start} manifest rows for "
+                            f"{plan.name}, found {len(rows)}; another run is using the same work directory?")
+    return rows
 
 
 def _label_map(path: Path) -> dict[str, Any]:

@@ -46,6 +46,9 @@ class Job:
     def stats_path(self, plan: Any) -> Path:
         return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".json")
 
+    def rows_path(self, plan: Any) -> Path:
+        return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".rows.parquet")
+
     def output_params(self) -> dict[str, Any]:
         """Every param that changes the bytes written (stored in each shard's metadata); never the worker count."""
         p = self.policy

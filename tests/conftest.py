@@ -44,12 +44,13 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
 def prefect_api() -> str:
     """A real `prefect server start` on 127.0.0.1; PREFECT_API_URL points at it for this process and children."""
     port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
     log = open(Path(_PREFECT_HOME) / "server.log", "wb")
+    env = {**os.environ, "PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": url}  # the UI calls this port
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PREFECT_UI_ENABLED": "true"},
+        stdout=log, stderr=subprocess.STDOUT, env=env,
     )
-    url = f"http://127.0.0.1:{port}/api"
     try:
         wait_http(url + "/health", timeout=90)
     except Exception:

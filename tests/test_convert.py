@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from convert_helpers import (REPO, flat_dataset, jpeg, make_job, noisy_jpeg, rea
                              shard_bytes)
 from tasks.common import PipelineError
 from tasks.convert import prepare, run_local
+from tasks.imaging import TRANSFORM_PATTERN
 
 
 def _decode(data: bytes) -> Image.Image:
@@ -87,6 +89,7 @@ def test_conversions_are_rgb_jpegs_with_the_right_colours(tmp_path):
     assert gray["image"]["bytes"] == images["gray.JPEG"] and gray["transform"] == "none"
     assert _close(_decode(gray["image"]["bytes"]).convert("RGB").getpixel((5, 5)), (90, 90, 90))
     assert rows["png.JPEG"]["source_format"] == "PNG" and rows["cmyk.JPEG"]["source_format"] == "JPEG"
+    assert all(re.match(TRANSFORM_PATTERN, r["transform"]) for r in rows.values())
 
 
 def test_reencode_resize_and_exif_policies(tmp_path):
@@ -175,7 +178,7 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(tests=str(REPO / "tests"), root=str(killed))],
                             start_new_session=True)
     deadline = time.monotonic() + 60
-    while not (stats_dir.is_dir() and any(stats_dir.iterdir())) and time.monotonic() < deadline:
+    while not (stats_dir.is_dir() and any(stats_dir.glob("*.json"))) and time.monotonic() < deadline:
         time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

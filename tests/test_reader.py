@@ -221,6 +221,20 @@ def test_import_without_torch_prefect_or_dvc(shards):
     assert out.stdout.split() == ["ok", "_ShardedImages"]
 
 
+def test_explicit_label_map_must_match_the_shards(shards):
+    lmap = json.loads((shards / "label_map.json").read_text())
+    assert ParquetImageDataset(shards, "train", label_map=shards / "label_map.json").label_map == lmap
+    lmap["classes"][0]["name"], lmap["classes"][1]["name"] = lmap["classes"][1]["name"], lmap["classes"][0]["name"]
+    with pytest.raises(ValueError, match="same wnid and name per label"):
+        ParquetImageDataset(shards, "train", label_map=lmap)
+
+
+def test_shards_with_different_label_maps_are_refused(shards, tmp_path):
+    other = write_shards(tmp_path, total=8, classes=4, shards=1)
+    with pytest.raises(ValueError, match="same label map"):
+        ParquetImageDataset([*sorted((shards / "train").glob("*.parquet")), *other])
+
+
 def test_missing_shards_say_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="dvc pull"):
         ParquetImageDataset(tmp_path, "train")

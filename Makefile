@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test serve server bench clean
+.PHONY: run test serve server remote-local remote-s3 bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,14 @@ server: $(STAMP)
 serve: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH PREFECT_API_URL=$${PREFECT_API_URL:-http://127.0.0.1:4200/api} \
 		python -m flows.pipeline serve
+
+# DVC remote for `dvc push` / training nodes' `dvc pull` (see README): a directory, or S3 (credentials from env).
+remote-local: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH scripts/remote.sh local $(DIR)
+
+remote-s3: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH scripts/remote.sh s3 $(URL) $(ENDPOINT)
+
+# Benchmarks (each prints a table; they write under benchmarks/_work/, git-ignored).
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

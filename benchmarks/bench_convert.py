@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -196,7 +197,7 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
     PSS (proportional set size), not RSS: forked workers share the parent's pages, and RSS would count them
     once per process."""
     out = WORK / "out" / label
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.Popen([sys.executable, __file__, "--child", method, str(root), str(out), json.dumps(extra)],
                             stdout=subprocess.PIPE, text=True)
     parent, peak = psutil.Process(proc.pid), 0
@@ -209,6 +210,7 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
         time.sleep(0.02)
     result = json.loads(proc.stdout.read().strip().splitlines()[-1])
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and "work" not in f.relative_to(out).parts)
+    shutil.rmtree(out)  # GBs at 8x
     return {"label": label, "images": result["count"], "seconds": result["seconds"], "startup": result["startup"],
             "cpu_ms": result["cpu"] / result["count"] * 1e3,
             "img_s": result["count"] / result["seconds"], "peak_rss_mb": peak / 2**20, "out_mb": size / 2**20}
@@ -219,10 +221,11 @@ def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[
     results = []
     for rows in sizes:
         out = WORK / "out" / f"rg{rows}"
-        subprocess.run(["rm", "-rf", str(out)], check=True)
+        shutil.rmtree(out, ignore_errors=True)
         stage(root, out, "passthrough", 2, row_group_rows=rows)
         files = sorted((out / "parquet" / "train").glob("*.parquet"))
         results.append({"row_group_rows": rows, **_random_reads(files, reads), **_scan(files)})
+        shutil.rmtree(out)
     return results
 
 

@@ -152,6 +152,15 @@ def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int
     return out
 
 
+@dataclass
+class Result:
+    cache: str
+    name: str
+    rate: float
+    per_cpu: float
+    load: str
+
+
 def _cpu_seconds() -> float:
     """CPU time of this process plus its finished children (the DataLoader workers, once joined)."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -261,7 +270,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path
     return folder, shards, resized, small
 
 
-def run_warm(runs: dict[str, Callable], args: argparse.Namespace) -> list["Result"]:
+def run_warm(runs: dict[str, Callable], args: argparse.Namespace) -> list[Result]:
     """Interleaved rounds (a load spike from other users hits one round, not one loader); the best round counts."""
     best: dict[str, Result] = {}
     for round_ in range(args.rounds):
@@ -274,9 +283,14 @@ def run_warm(runs: dict[str, Callable], args: argparse.Namespace) -> list["Resul
     return list(best.values())
 
 
-def run_cold(runs: dict[str, Callable], args: argparse.Namespace) -> list["Result"]:
+def run_cold(runs: dict[str, Callable], args: argparse.Namespace) -> list[Result]:
     """One epoch per loader right after dropping the page cache."""
-    results = []
+    results: list[Result] = []
+    try:
+        drop_caches()
+    except OSError as err:
+        print(f"  cold runs skipped: cannot drop the page cache ({err}); run as root or pass --no-cold")
+        return results
     for name in ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
                  "reader map-style, RowGroupSampler", "reader iterable (shuffle buffer 1000)",
                  "resized-256: reader iterable"]:
@@ -285,15 +299,6 @@ def run_cold(runs: dict[str, Callable], args: argparse.Namespace) -> list["Resul
             results.append(measure("cold", name, runs[name], args))
             print(f"  cold  {name:45s} {results[-1].rate:6.0f} img/s (load {results[-1].load})", flush=True)
     return results
-
-
-@dataclass
-class Result:
-    cache: str
-    name: str
-    rate: float
-    per_cpu: float
-    load: str
 
 
 def measure(cache: str, name: str, run: Callable, args: argparse.Namespace) -> Result:

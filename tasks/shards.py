@@ -18,6 +18,7 @@ from tasks.common import PipelineError, atomic_path
 from tasks.hf_meta import SMALL_COLUMNS, UNCOMPRESSED_COLUMNS
 
 ZSTD_LEVEL = 3
+ROW_GROUP_MAX_BYTES = 128 << 20  # bounds a worker's memory even for a row group of unusually large images
 DICTIONARY_COLUMNS = ["wnid", "label_name", "source_format", "transform"]
 
 
@@ -95,7 +96,8 @@ def remove_stale(directory: Path, keep: set[str]) -> list[str]:
 
 @dataclass
 class ShardWriter:
-    """Streams row groups of exactly `row_group_rows` rows into `path` (write it under atomic_path)."""
+    """Streams row groups of `row_group_rows` rows (fewer only when their images pass ROW_GROUP_MAX_BYTES, and for
+    the last one) into `path`; write it under atomic_path."""
 
     path: Path
     schema: pa.Schema
@@ -103,19 +105,20 @@ class ShardWriter:
 
     def write(self, rows: Iterator[dict[str, Any]]) -> int:
         """Consume `rows` (dicts in schema order), holding at most one row group in memory; returns the count."""
-        count, pending = 0, []
+        count, pending, size = 0, [], 0
         with pq.ParquetWriter(self.path, self.schema, memory_pool=memory_pool(), **writer_options()) as writer:
             for row in rows:
                 pending.append(row)
-                if len(pending) == self.row_group_rows:
+                size += len(row["image"]["bytes"])
+                if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
                     count += self._flush(writer, pending)
-                    pending = []
+                    pending, size = [], 0
             count += self._flush(writer, pending)
         return count
 
     def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]]) -> int:
         if rows:  # a shard of 0 rows is still a valid file carrying the schema
-            writer.write_table(to_table(rows, self.schema), row_group_size=self.row_group_rows)
+            writer.write_table(to_table(rows, self.schema), row_group_size=len(rows))
         return len(rows)
 
 

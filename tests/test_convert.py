@@ -161,7 +161,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from convert_helpers import make_job
 from tasks.convert import run_local
-run_local(make_job(__import__("pathlib").Path({root!r}), shard_mb=0.02, row_group_rows=4, policy="reencode"),
+run_local(make_job(__import__("pathlib").Path({root!r}), shard_mb=0.01, row_group_rows=4, policy="reencode"),
           progress=False)
 """
 
@@ -170,7 +170,7 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     fresh, killed = tmp_path / "fresh", tmp_path / "killed"
     for root in (fresh, killed):
         _dataset(root)
-    reference_job = make_job(fresh, shard_mb=0.02, row_group_rows=4, policy="reencode")
+    reference_job = make_job(fresh, shard_mb=0.01, row_group_rows=4, policy="reencode")
     run_local(reference_job, progress=False)
     reference = shard_bytes(reference_job)
     total = len(prepare(reference_job))
@@ -184,7 +184,7 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     proc.wait()
     finished = len(list(stats_dir.glob("*.json")))
     assert 1 <= finished < total, "the kill must land mid-run"
-    job = make_job(killed, shard_mb=0.02, row_group_rows=4, policy="reencode")
+    job = make_job(killed, shard_mb=0.01, row_group_rows=4, policy="reencode")
     metrics = run_local(job, workers=2, progress=False)
     assert metrics["resumed_shards"] >= finished and shard_bytes(job) == reference
     first = sorted((killed / "data/parquet/train").glob("*.parquet"))[0]
@@ -251,3 +251,19 @@ def test_missing_inputs_fail_clearly(tmp_path):
     (tmp_path / "data/manifests/train.parquet").unlink()
     with pytest.raises(PipelineError, match="found none; run the extract stage"):
         prepare(make_job(tmp_path))
+
+
+def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypatch):
+    import tasks.shards
+
+    _dataset(tmp_path)
+    job = make_job(tmp_path, row_group_rows=100)
+    run_local(job, progress=False)
+    whole = read_rows(job)
+    monkeypatch.setattr(tasks.shards, "ROW_GROUP_MAX_BYTES", 20_000)
+    job = make_job(tmp_path, row_group_rows=99)  # another plan key: the shard is rewritten
+    run_local(job, progress=False)
+    shard = pq.ParquetFile(next((job.parquet / "train").glob("*.parquet")))
+    groups = [shard.read_row_group(i).column("image").to_pylist() for i in range(shard.num_row_groups)]
+    assert len(groups) > 5 and all(sum(len(r["bytes"]) for r in g[:-1]) < 20_000 for g in groups)
+    assert read_rows(job) == whole

@@ -23,7 +23,7 @@ def _project(root: Path, **convert) -> Path:
     return root / "params.yaml"
 
 
-def test_flow_local_process_pool_and_dask_cluster_write_the_same_bytes(prefect_api, tmp_path):
+def test_flow_local_runner_and_dask_cluster_write_the_same_bytes(prefect_api, tmp_path):
     from distributed import LocalCluster
 
     from flows.convert import run

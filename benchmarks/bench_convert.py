@@ -5,9 +5,9 @@
 Images: unique variants of ../shared/data/imagenet-samples (copy 0 = the original bytes, copy k = k border pixels
 cropped off each side and re-encoded at q90), packed into one tar with a manifest + label map, exactly as the
 extract stage indexes the real archive. Everything is written under benchmarks/_work/convert/. Each method runs in
-a fresh subprocess; peak memory = the highest sum of PSS over that process tree (sampled every 20 ms; RSS would count pages
-shared by forked workers twice) — the memory
-the method needs. Times exclude interpreter start-up (each child times its own work). Page cache warm.
+a fresh subprocess; peak memory = the highest sum of PSS over that process tree (sampled every 20 ms; RSS would
+count pages shared by forked workers twice) — the memory the method needs. Times exclude interpreter start-up and
+the worker pool's start (each child times its own work; steady state). Page cache warm. Best of 2 runs per row.
 Table 2 measures the row-group trade-off for a reader: random row reads vs a full scan."""
 from __future__ import annotations
 

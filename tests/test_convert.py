@@ -267,3 +267,10 @@ def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypa
     groups = [shard.read_row_group(i).column("image").to_pylist() for i in range(shard.num_row_groups)]
     assert len(groups) > 5 and all(sum(len(r["bytes"]) for r in g[:-1]) < 20_000 for g in groups)
     assert read_rows(job) == whole
+
+
+def test_plan_cuts_by_target_bytes_from_sizes_alone():
+    from tasks.shards import plan_ranges
+
+    assert plan_ranges([5, 5, 5, 20, 1], 10) == [(0, 2, 10), (2, 3, 5), (3, 4, 20), (4, 5, 1)]
+    assert plan_ranges([], 10) == [(0, 0, 0)]  # an empty split still gets one (empty) shard with the schema

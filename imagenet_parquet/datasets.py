@@ -1,7 +1,8 @@
 """PyTorch-style datasets over the Parquet shards (torch optional: without it they are plain Python classes).
 
-* `ParquetImageDataset`: map-style, `ds[i] -> (image, label)`; reads only the row group holding `i` (image bytes
-  and label columns) and keeps the most recent `cache_row_groups` row groups per process.
+* `ParquetImageDataset`: map-style, `ds[i] -> (image, label)`; reads the image with one `pread` through the
+  shard footer's per-row byte index (labels read once per file); for shards without that index it reads the row
+  group holding `i` (image bytes and label columns) and keeps the most recent `cache_row_groups` per process.
 * `ParquetIterableDataset`: streams whole row groups in a (seed, epoch)-shuffled order through a shuffle buffer,
   split across distributed ranks and DataLoader workers with no duplicate and no missing row (see partition.py).
 * `RowGroupSampler`: a sampler for the map-style dataset that shuffles row groups, then rows inside a small window
@@ -17,7 +18,7 @@ import numpy as np
 
 from .decode import Size, decode_image
 from .partition import rank_range, row_slices, split_range, unit_order
-from .shards import RowGroupReader, ShardIndex, Source, find_shards, load_label_map
+from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards, load_label_map
 
 try:  # torch is optional: subclass its Dataset types when present so DataLoader/samplers treat us natively
     from torch.utils.data import Dataset as _MapBase, IterableDataset as _IterBase, Sampler as _SamplerBase
@@ -111,6 +112,7 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
                  decode: bool = True, label_map: Any = None, cache_row_groups: int = 4):
         super().__init__(source, split, transform, target_transform, draft_size, decode, label_map,
                          cache_row_groups)
+        self._indexed = IndexedReader(self.files)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -121,7 +123,10 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         if not 0 <= index < total:
             raise IndexError(f"index {index} out of range for {total} images")
         unit, row = self.index.locate(index)
-        table = self._reader.read(unit)
+        hit = self._indexed.read(*self.index.locate_file(unit, index))
+        if hit is not None:  # one pread through the footer's byte index
+            return self._sample(*hit)
+        table = self._reader.read(unit)  # shards without the index: the row group, from the LRU cache
         data = table.column("image")[row]["bytes"].as_py()
         return self._sample(data, table.column("label")[row].as_py())
 

@@ -5,6 +5,7 @@ the process that reads (each DataLoader worker), and drops them (and its cache) 
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections import OrderedDict
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 METADATA_KEY = b"imagenet_parquet"
+IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of image.bytes (docs/CONTRACTS.md)
 HF_METADATA_KEY = b"huggingface"
 
 
@@ -131,6 +133,12 @@ class ShardIndex:
         unit = int(np.searchsorted(self.starts, index, side="right")) - 1
         return unit, index - int(self.starts[unit])
 
+    def locate_file(self, unit: int, index: int) -> tuple[int, int]:
+        """Global row index (in `unit`) -> (file, row within the file)."""
+        file = int(self.file_of[unit])
+        first_unit = int(np.searchsorted(self.file_of, file, side="left"))
+        return file, index - int(self.starts[first_unit])
+
 
 class RowGroupReader:
     """Reads one row group's `columns` at a time, keeps the `cache_size` most recently used ones.
@@ -196,3 +204,85 @@ class RowGroupReader:
             self._reset()
         pf = self._file(int(self.index.file_of[unit]))
         return pf.read_row_group(int(self.index.group_of[unit]), columns=self.columns, use_threads=False)
+
+
+def decode_image_index(meta: dict[bytes, bytes] | None, rows: int, where: str | os.PathLike) -> np.ndarray | None:
+    """The footer's per-row (offset, size) array (shape rows x 2, int64), or None when the shard has none."""
+    value = (meta or {}).get(IMAGE_INDEX_KEY.encode())
+    if value is None:
+        return None
+    index = np.frombuffer(base64.b64decode(value), dtype="<i8").reshape(-1, 2)
+    if len(index) != rows:
+        raise ValueError(f"{where}: expected {rows} entries in the footer's {IMAGE_INDEX_KEY}, found {len(index)}; "
+                         "the shard was altered after conversion — re-run the convert stage")
+    return index
+
+
+def read_indexed(fd: int, entry: np.ndarray, where: str | os.PathLike) -> bytes:
+    """One image through the byte index: a single pread of the length prefix plus the bytes, prefix checked."""
+    offset, size = int(entry[0]), int(entry[1])
+    data = os.pread(fd, size + 4, offset - 4)
+    if len(data) != size + 4 or int.from_bytes(data[:4], "little") != size:
+        raise ValueError(f"{where}: expected a {size}-byte image value at offset {offset} (footer "
+                         f"{IMAGE_INDEX_KEY}), found other bytes; the shard was altered — re-run the convert stage")
+    return data[4:]
+
+
+class IndexedReader:
+    """Per-row image reads through the footer's byte index (one pread each), with each file's labels read once.
+
+    Per process like RowGroupReader: file descriptors open on first use, are never pickled, reopen after a fork.
+    `rows(i)` is None for a shard without the index (callers fall back to row-group reads)."""
+
+    def __init__(self, files: Sequence[Path], label_column: str = "label", max_open: int = 64):
+        self.files, self.label_column, self.max_open = tuple(files), label_column, max_open
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._open: OrderedDict[int, tuple[int, np.ndarray, np.ndarray] | None] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": OrderedDict()}
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            self.close()
+
+    def close(self) -> None:
+        for entry in self._open.values():
+            if entry is not None:
+                os.close(entry[0])
+        self._open.clear()
+
+    @property
+    def open_files(self) -> int:
+        return sum(e is not None for e in self._open.values()) if self._pid == os.getpid() else 0
+
+    def _entry(self, i: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+        if self._pid != os.getpid():
+            self._reset()
+        if i not in self._open:
+            while len(self._open) >= self.max_open:
+                old = self._open.popitem(last=False)[1]
+                if old is not None:
+                    os.close(old[0])
+            self._open[i] = self._load(self.files[i])
+        self._open.move_to_end(i)
+        return self._open[i]
+
+    def _load(self, path: Path) -> tuple[int, np.ndarray, np.ndarray] | None:
+        with pq.ParquetFile(path) as pf:
+            index = decode_image_index(pf.metadata.metadata, pf.metadata.num_rows, path)
+            if index is None:
+                return None
+            labels = pf.read(columns=[self.label_column], use_threads=False).column(0).to_numpy()
+        return os.open(path, os.O_RDONLY), index, labels
+
+    def read(self, i: int, row: int) -> tuple[bytes, int] | None:
+        """(image bytes, label) of row `row` of file `i`, or None when that file carries no byte index."""
+        entry = self._entry(i)
+        if entry is None:
+            return None
+        fd, index, labels = entry
+        return read_indexed(fd, index[row], self.files[i]), int(labels[row])

@@ -28,7 +28,7 @@ from tasks.imaging import BadImage, encode_image
 from tasks.shards import (ShardPlan, finished_stats, plan_split, read_exact, remove_stale,
                           write_shard)
 
-FORMAT_VERSION = 1  # bump when the bytes written for the same inputs change
+FORMAT_VERSION = 2  # bump when the bytes written for the same inputs change (2: footer byte index)
 MANIFEST_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]
 BAD_IMAGES = "bad_images.jsonl"
 

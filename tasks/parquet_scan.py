@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from imagenet_parquet.shards import IMAGE_INDEX_KEY, decode_image_index, read_indexed
 from tasks.common import PipelineError
 from tasks.extract import SPLITS
 from tasks.hf_meta import SMALL_COLUMNS
@@ -99,26 +101,62 @@ class ByteFindings:
     not_jpeg: dict[int, str] = field(default_factory=dict)
     hash_mismatch: dict[int, str] = field(default_factory=dict)
     undecodable: dict[int, str] = field(default_factory=dict)
+    index_mismatch: dict[int, str] = field(default_factory=dict)
+    unindexed: list[str] = field(default_factory=list)  # shards without the footer's byte index
     decoded: dict[str, int] = field(default_factory=dict)
     image_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def scan_bytes(plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray) -> ByteFindings:
     """Stream every row's stored bytes once: JPEG SOI marker, SHA-256 against `sha256`, Pillow decode of the
-    rows where `decode` is true (the decoded size must equal width × height)."""
+    rows where `decode` is true (the decoded size must equal width × height), and the footer's byte index
+    (the bytes one pread at the indexed offset returns must equal `image.bytes`)."""
     findings = ByteFindings()
     sha = meta["sha256"].to_numpy() if "sha256" in meta else np.full(len(meta), None)
     size = meta.reindex(columns=["width", "height"]).to_numpy()
     for shard in plan:
-        for start, blobs in iter_row_groups(shard.path):
-            for offset in range(len(blobs)):
-                index = shard.first + start + offset
-                data = blobs[offset].as_buffer() if blobs[offset].is_valid else None
-                _check_blob(index, data, sha[index], size[index], bool(decode[index]), findings)
-                findings.image_bytes[shard.split] = findings.image_bytes.get(shard.split, 0) + (
-                    data.size if data is not None else 0)
-                findings.decoded[shard.split] = findings.decoded.get(shard.split, 0) + int(decode[index])
+        fd = os.open(shard.path, os.O_RDONLY)
+        try:
+            index = _byte_index(shard, findings)
+            for start, blobs in iter_row_groups(shard.path):
+                for offset in range(len(blobs)):
+                    row = shard.first + start + offset
+                    data = blobs[offset].as_buffer() if blobs[offset].is_valid else None
+                    _check_blob(row, data, sha[row], size[row], bool(decode[row]), findings)
+                    if index is not None:
+                        _check_indexed(row, data, fd, index[start + offset], shard.path, findings)
+                    findings.image_bytes[shard.split] = findings.image_bytes.get(shard.split, 0) + (
+                        data.size if data is not None else 0)
+                    findings.decoded[shard.split] = findings.decoded.get(shard.split, 0) + int(decode[row])
+        finally:
+            os.close(fd)
     return findings
+
+
+def _byte_index(shard: Shard, findings: ByteFindings) -> np.ndarray | None:
+    """The shard's footer byte index; a wrong entry count marks every row of the shard."""
+    try:
+        index = decode_image_index(pq.read_metadata(shard.path).metadata, shard.rows, shard.path)
+    except ValueError as err:
+        findings.index_mismatch.update({shard.first + r: str(err) for r in range(shard.rows)})
+        return None
+    if index is None:
+        findings.unindexed.append(f"{shard.split}/{shard.path.name}")
+    return index
+
+
+def _check_indexed(row: int, data: pa.Buffer | None, fd: int, entry: np.ndarray, path: Path,
+                   findings: ByteFindings) -> None:
+    try:
+        found = read_indexed(fd, entry, path)
+    except ValueError:
+        findings.index_mismatch[row] = (f"{IMAGE_INDEX_KEY} points at offset {int(entry[0])}, where no "
+                                        f"{int(entry[1])}-byte image value is stored")
+        return
+    if data is None or not data.equals(pa.py_buffer(found)):
+        findings.index_mismatch[row] = (f"{IMAGE_INDEX_KEY} offset {int(entry[0])} holds "
+                                        f"{int(entry[1])} bytes (sha256 {hashlib.sha256(found).hexdigest()[:16]}…) "
+                                        "that differ from the row's image.bytes")
 
 
 def _check_blob(index: int, data: pa.Buffer | None, expected: object, size: np.ndarray, decode: bool,

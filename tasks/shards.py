@@ -1,10 +1,12 @@
 """Shard planning (deterministic, from the manifest alone), streaming shard writing, and resume checks."""
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
 import os
+import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from imagenet_parquet.shards import IMAGE_INDEX_KEY
 from tasks.common import PipelineError, atomic_path
 from tasks.hf_meta import SMALL_COLUMNS, UNCOMPRESSED_COLUMNS
 
@@ -104,22 +107,91 @@ class ShardWriter:
     row_group_rows: int
 
     def write(self, rows: Iterator[dict[str, Any]]) -> int:
-        """Consume `rows` (dicts in schema order), holding at most one row group in memory; returns the count."""
-        count, pending, size = 0, [], 0
-        with pq.ParquetWriter(self.path, self.schema, memory_pool=memory_pool(), **writer_options()) as writer:
-            for row in rows:
-                pending.append(row)
-                size += len(row["image"]["bytes"])
-                if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
-                    count += self._flush(writer, pending)
-                    pending, size = [], 0
-            count += self._flush(writer, pending)
+        """Consume `rows` (dicts in schema order), holding at most one row group in memory; returns the count.
+
+        Writes through a `CountingSink` so each row group's `image.bytes` values can be located in the file; their
+        (offset, size) pairs go into the footer under IMAGE_INDEX_KEY (one pread per image for readers)."""
+        count, pending, size, index = 0, [], 0, []
+        with open(self.path, "wb") as raw:
+            sink = CountingSink(raw)
+            with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), self.schema, memory_pool=memory_pool(),
+                                  **writer_options()) as writer:
+                for row in rows:
+                    pending.append(row)
+                    size += len(row["image"]["bytes"])
+                    if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
+                        count += self._flush(writer, pending, sink, index)
+                        pending, size = [], 0
+                count += self._flush(writer, pending, sink, index)
+                writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(index)})
         return count
 
-    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]]) -> int:
+    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], sink: CountingSink,
+               index: list[tuple[int, int]]) -> int:
         if rows:  # a shard of 0 rows is still a valid file carrying the schema
             writer.write_table(to_table(rows, self.schema), row_group_size=len(rows))
+            start, region = sink.take()
+            index += locate_values(region, start, [row["image"]["bytes"] for row in rows], self.path)
         return len(rows)
+
+
+class CountingSink:
+    """The raw file a ParquetWriter writes through: counts bytes and keeps those written since the last take()."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.position, self.start, self.pending = raw, 0, 0, bytearray()
+
+    def write(self, data: Any) -> int:
+        self.raw.write(data)
+        self.pending += data
+        self.position += len(data)
+        return len(data)
+
+    def take(self) -> tuple[int, bytearray]:
+        """(file offset, bytes) of everything written since the previous take()."""
+        start, region = self.start, self.pending
+        self.start, self.pending = self.position, bytearray()
+        return start, region
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def close(self) -> None:  # the caller's `with open(...)` closes the file
+        pass
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed
+
+
+def locate_values(region: bytearray, start: int, values: list[bytes], path: Path) -> list[tuple[int, int]]:
+    """(file offset, size) of each value in `region` (written at file offset `start`), in order.
+
+    PLAIN, uncompressed binary values appear verbatim as a 4-byte little-endian length then the bytes; each is
+    searched forward from the end of the previous hit. A hit is checked byte for byte, so a recorded offset always
+    holds exactly the value; a value not found raises rather than writing a wrong index."""
+    found, pos, view = [], 0, memoryview(region)
+    for row, value in enumerate(values):
+        head = struct.pack("<I", len(value)) + value[:64]
+        hit = region.find(head, pos)
+        while hit >= 0 and view[hit + 4:hit + 4 + len(value)] != value:
+            hit = region.find(head, hit + 1)
+        if hit < 0:
+            raise PipelineError(
+                f"{path}: expected image {row} of the row group ({len(value)} bytes) stored verbatim (PLAIN, "
+                "uncompressed image.bytes), found it nowhere in the bytes written; writer_options() must keep "
+                "image.bytes uncompressed and without dictionary")
+        found.append((start + hit + 4, len(value)))
+        pos = hit + 4 + len(value)
+    return found
+
+
+def encode_image_index(index: list[tuple[int, int]]) -> str:
+    """The inverse of imagenet_parquet.shards.decode_image_index (format in docs/CONTRACTS.md)."""
+    return base64.b64encode(np.asarray(index, dtype="<i8").reshape(-1, 2).tobytes()).decode("ascii")
 
 
 def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:

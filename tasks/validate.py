@@ -18,7 +18,7 @@ from tasks.convert import BAD_IMAGES
 from tasks.dataset_checks import (class_count_check, class_set_check, class_table, count_summary, leakage_check,
                                   manifest_check, manifest_label_check)
 from tasks.hf_meta import COLUMNS, class_names
-from tasks.parquet_scan import SPLITS, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
+from tasks.parquet_scan import SPLITS, ByteFindings, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
 from tasks.report import build_report, failure_summary
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
@@ -93,6 +93,7 @@ def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map
     findings = scan_bytes(plan, meta, decode_mask(meta, params["decode_sample"]))
     results += [row_failures("jpeg_soi", meta, findings.not_jpeg, limit, "stored images are JPEG"),
                 row_failures("sha256_match", meta, findings.hash_mismatch, limit, "hashes match"),
+                _index_check(meta, findings, len(plan), limit),
                 row_failures("decode", meta, findings.undecodable, limit,
                              f"{sum(findings.decoded.values())} sampled rows decode"),
                 leakage_check(meta, params["leakage_max_pairs"], limit)]
@@ -100,6 +101,16 @@ def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map
                   "image_bytes": findings.image_bytes.get(s, 0), "decoded": findings.decoded.get(s, 0)}
               for s in SPLITS}
     return build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
+
+
+def _index_check(meta: pd.DataFrame, findings: ByteFindings, shards: int, limit: int) -> CheckResult:
+    """Shards from elsewhere may carry no byte index (readers then read row groups): named, not failed."""
+    result = row_failures("image_index", meta, findings.index_mismatch, limit, "byte-index entries")
+    missing = findings.unindexed
+    if missing:
+        result.message += (f"; {len(missing)} of {shards} shard(s) carry no index (readers use row-group reads): "
+                           f"{', '.join(missing[:3])}")
+    return result
 
 
 def _ordered(results: list[CheckResult]) -> list[CheckResult]:

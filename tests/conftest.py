@@ -15,15 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 _PREFECT_HOME = tempfile.mkdtemp(prefix="prefect-home-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME  # before anything imports prefect
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# Prefect reads its settings once, when first imported (test collection imports it): point the whole session —
+# this process and every child — at the one server the `prefect_api` fixture starts before any test runs.
+_API_URL = f"http://127.0.0.1:{free_port()}/api"
+os.environ["PREFECT_API_URL"] = _API_URL
+os.environ["PREFECT_UI_API_URL"] = _API_URL  # the UI calls this address
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
 def wait_http(url: str, timeout: float = 60.0) -> None:
@@ -40,25 +47,21 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
             time.sleep(0.3)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def prefect_api() -> str:
-    """A real `prefect server start` on 127.0.0.1; PREFECT_API_URL points at it for this process and children."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
+    """A real `prefect server start` on 127.0.0.1, at the PREFECT_API_URL set above, for the whole session."""
+    port = _API_URL.rsplit(":", 1)[1].split("/")[0]
     log = open(Path(_PREFECT_HOME) / "server.log", "wb")
-    env = {**os.environ, "PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": url}  # the UI calls this port
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", port],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PREFECT_UI_ENABLED": "true"},
     )
     try:
-        wait_http(url + "/health", timeout=90)
+        wait_http(_API_URL + "/health", timeout=90)
     except Exception:
         proc.kill()
         raise RuntimeError((Path(_PREFECT_HOME) / "server.log").read_text()[-3000:])
-    os.environ["PREFECT_API_URL"] = url
-    yield url
-    os.environ.pop("PREFECT_API_URL", None)
+    yield _API_URL
     proc.terminate()
     try:
         proc.wait(20)

@@ -1,0 +1,81 @@
+"""Cost of the footer byte index in the shard writer (issue 6): the convert stage's `write_shard` (locates every
+image value and writes `imagenet_parquet.image_offsets`) vs the same rows through the previous writer (a plain
+ParquetWriter on the path, same settings, no index), side by side in one run.
+
+    python benchmarks/bench_shard_index.py [--images 2000] [--rounds 5]
+
+Images: the real JPEGs of the reader benchmark's folder tree (benchmarks/_work/reader/5000-images/folder, made by
+bench_reader.py) else ../shared/data/imagenet-samples. Rows are built before timing; only writing is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from imagenet_parquet.shards import IMAGE_INDEX_KEY  # noqa: E402
+from tasks.common import load_params  # noqa: E402
+from tasks.hf_meta import shard_schema  # noqa: E402
+from tasks.shards import memory_pool, to_table, write_shard, writer_options  # noqa: E402
+
+
+def rows_of(files: list[Path]) -> list[dict]:
+    rows = []
+    for i, path in enumerate(files):
+        data = path.read_bytes()
+        rows.append({"image": {"bytes": data, "path": path.name}, "label": i % 3, "wnid": f"n{i % 3:08d}",
+                     "label_name": f"class {i % 3}", "width": 500, "height": 375, "source_format": "JPEG",
+                     "transform": "none", "exif_orientation": 1, "sha256": hashlib.sha256(data).hexdigest()})
+    return rows
+
+
+def previous_writer(path: Path, schema, row_group_rows: int, rows: list[dict]) -> None:
+    """The writer before the index: row groups of `row_group_rows` straight to the path."""
+    with pq.ParquetWriter(path, schema, memory_pool=memory_pool(), **writer_options()) as writer:
+        for start in range(0, len(rows), row_group_rows):
+            part = rows[start:start + row_group_rows]
+            writer.write_table(to_table(part, schema), row_group_size=len(part))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the best counts")
+    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "shard_index")
+    args = parser.parse_args()
+    folder = REPO / "benchmarks" / "_work" / "reader" / "5000-images" / "folder"
+    source = folder if folder.is_dir() else REPO.parent / "shared" / "data" / "imagenet-samples"
+    rows = rows_of(sorted(source.rglob("*.JPEG"))[:args.images])
+    rg = load_params("convert", REPO / "params.yaml")["row_group_rows"]
+    label_map = {"num_classes": 3, "label_source": "bench",
+                 "classes": [{"label": i, "wnid": f"n{i:08d}", "name": f"class {i}"} for i in range(3)]}
+    schema = shard_schema(label_map, {"policy": "passthrough"}, "train")
+    args.work.mkdir(parents=True, exist_ok=True)
+    writers = {"previous writer (no index)": lambda p: previous_writer(p, schema, rg, rows),
+               "write_shard (+ byte index)": lambda p: write_shard(p, schema, rg, iter(rows))}
+    best = {name: float("inf") for name in writers}
+    for _ in range(args.rounds):
+        for i, (name, write) in enumerate(writers.items()):
+            start = time.perf_counter()
+            write(args.work / f"{i}.parquet")
+            best[name] = min(best[name], time.perf_counter() - start)
+    mb = sum(len(r["image"]["bytes"]) for r in rows) / 1e6
+    base = best["previous writer (no index)"]
+    print(f"{len(rows)} images, {mb:.0f} MB, {rg}-row groups, best of {args.rounds}")
+    print("| writer | seconds | MB/s | x previous | file bytes | footer index bytes |\n|---|---:|---:|---:|---:|---:|")
+    for i, name in enumerate(writers):
+        path = args.work / f"{i}.parquet"
+        index = len((pq.read_metadata(path).metadata or {}).get(IMAGE_INDEX_KEY.encode(), b""))
+        print(f"| {name} | {best[name]:.3f} | {mb / best[name]:.0f} | {best[name] / base:.2f} | "
+              f"{path.stat().st_size} | {index} |")
+
+
+if __name__ == "__main__":
+    main()

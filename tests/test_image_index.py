@@ -1,0 +1,114 @@
+"""The per-row byte index in each shard's footer (`imagenet_parquet.image_offsets`): convert writes it, the
+map-style reader preads through it (falling back to row groups without it), validate checks every entry."""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from validate_fixtures import make_dataset, validate_params
+
+from convert_helpers import make_job, sample_dataset
+from imagenet_parquet import ParquetImageDataset
+from imagenet_parquet.shards import IMAGE_INDEX_KEY, IndexedReader, decode_image_index
+from reader_shards import write_shards
+from tasks import shards as shard_module
+from tasks.convert import run_local
+from tasks.validate import run_validation
+
+
+def _reference(files: list[Path]) -> list[tuple[bytes, int]]:
+    rows = [r for f in files for r in pq.read_table(f, columns=["image", "label"]).to_pylist()]
+    return [(r["image"]["bytes"], r["label"]) for r in rows]
+
+
+def _same_rows(ds: ParquetImageDataset, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ds[i] equals the row-group path (forced by hiding the index) and the file's rows, in a shuffled order."""
+    fallback = ParquetImageDataset(ds.files, decode=False)
+    monkeypatch.setattr(fallback._indexed, "_load", lambda path: None)
+    expected = _reference(list(ds.files))
+    for i in np.random.default_rng(0).permutation(len(ds)).tolist():
+        assert ds[i] == fallback[i] == expected[i], i
+
+
+@pytest.fixture(scope="module")
+def converted(sample_release, tmp_path_factory) -> Path:
+    """The built-in sample converted with 7-row groups (many row groups per shard); returns the Parquet root."""
+    root = tmp_path_factory.mktemp("indexed")
+    sample_dataset(root, sample_release)
+    job = make_job(root, row_group_rows=7)
+    run_local(job, progress=False)
+    return job.parquet
+
+
+def test_convert_writes_an_exact_index_and_the_reader_preads_through_it(converted, monkeypatch):
+    for split in ("train", "val"):
+        ds = ParquetImageDataset(converted, split, decode=False)
+        for path in ds.files:
+            meta = pq.read_metadata(path)
+            assert meta.num_row_groups > 1 and IMAGE_INDEX_KEY.encode() in meta.metadata
+            index = decode_image_index(meta.metadata, meta.num_rows, path)
+            data = path.read_bytes()
+            images = pq.read_table(path, columns=["image"]).column("image").combine_chunks().field("bytes")
+            assert [data[o:o + n] for o, n in index.tolist()] == images.to_pylist()
+        _same_rows(ds, monkeypatch)
+        assert ds._reader.cached_units == [] and ds._indexed.open_files == len(ds.files)  # no row group was read
+        clone = pickle.loads(pickle.dumps(ds))
+        assert clone._indexed.open_files == 0 and clone[3] == ds[3] and clone._indexed.open_files == 1
+
+
+def test_indexed_dataset_in_a_shuffled_dataloader_with_workers(converted):
+    from torch.utils.data import DataLoader
+
+    ds = ParquetImageDataset(converted, "train", decode=False)
+    ds[0]  # opened in the parent: the forked workers must reopen their own descriptors
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=list)
+    seen = sorted(item for batch in loader for item in batch)
+    assert seen == sorted(_reference(list(ds.files)))
+
+
+def test_shards_without_the_index_fall_back_to_row_groups(tmp_path, monkeypatch):
+    files = write_shards(tmp_path, total=23, shards=2, row_group_rows=4)
+    ds = ParquetImageDataset(files, decode=False)
+    _same_rows(ds, monkeypatch)
+    assert ds._indexed.open_files == 0 and ds._reader.cached_units  # served by the row-group cache
+
+
+def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_path, monkeypatch):
+    ds = make_dataset(tmp_path / "ds").write()
+    shard = sorted((ds.parquet_dir / "train").glob("*.parquet"))[0]
+    rows = pq.read_table(shard).to_pylist()
+    real = shard_module.locate_values
+
+    def swapped(region, start, values, path):  # rows 0 and 1 of the first row group trade entries
+        found = real(region, start, values, path)
+        return [found[1], found[0], *found[2:]] if start == 0 else found
+    monkeypatch.setattr(shard_module, "locate_values", swapped)
+    shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
+    checks = {c["name"]: c for c in run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path,
+                                                   validate_params())["checks"]}
+    assert checks["image_index"]["status"] == "fail" and checks["image_index"]["failures"] == 2
+    assert "differ from the row's image.bytes" in checks["image_index"]["message"]
+    assert IMAGE_INDEX_KEY in checks["image_index"]["message"]
+    assert checks["sha256_match"]["status"] == "pass"  # the stored column itself is intact
+    reader = IndexedReader([shard])
+    assert reader.read(0, 0)[0] == rows[1]["image"]["bytes"]  # why validate must check it: the prefix matches
+    monkeypatch.setattr(shard_module, "locate_values", lambda *a: [(o + 1, n) for o, n in real(*a)])
+    shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
+    with pytest.raises(ValueError, match="found other bytes; the shard was altered"):
+        IndexedReader([shard]).read(0, 0)
+    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_params())
+    check = next(c for c in report["checks"] if c["name"] == "image_index")
+    assert check["status"] == "fail" and "where no" in check["message"] and report["status"] == "fail"
+
+
+def test_validate_passes_indexed_shards_and_names_unindexed_ones(tmp_path):
+    ds = make_dataset(tmp_path / "ds").write()
+    shard = sorted((ds.parquet_dir / "train").glob("*.parquet"))[0]
+    shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(pq.read_table(shard).to_pylist()))
+    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_params())
+    check = next(c for c in report["checks"] if c["name"] == "image_index")
+    assert report["status"] == "pass" and check["status"] == "pass"
+    assert check["message"].startswith("all byte-index entries ok; 2 of 3 shard(s) carry no index")

@@ -13,8 +13,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-_PREFECT_HOME = tempfile.mkdtemp(prefix="prefect-home-")
-os.environ["PREFECT_HOME"] = _PREFECT_HOME  # before anything imports prefect
+# This module may be imported twice (as pytest's conftest and by `from conftest import ...`): the session's
+# Prefect home and API address are chosen once and kept in the environment.
+_SESSION_KEY = "IMAGENET_PARQUET_TEST_SESSION"
+if _SESSION_KEY not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-home-")  # before anything imports prefect
+_PREFECT_HOME = os.environ["PREFECT_HOME"]
 
 
 def free_port() -> int:
@@ -25,8 +29,8 @@ def free_port() -> int:
 
 # Prefect reads its settings once, when first imported (test collection imports it): point the whole session —
 # this process and every child — at the one server the `prefect_api` fixture starts before any test runs.
-_API_URL = f"http://127.0.0.1:{free_port()}/api"
-os.environ["PREFECT_API_URL"] = _API_URL
+os.environ.setdefault(_SESSION_KEY, f"http://127.0.0.1:{free_port()}/api")
+_API_URL = os.environ["PREFECT_API_URL"] = os.environ[_SESSION_KEY]
 os.environ["PREFECT_UI_API_URL"] = _API_URL  # the UI calls this address
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -1,6 +1,8 @@
 """Cost of the footer byte index in the shard writer (issue 6): the convert stage's `write_shard` (locates every
 image value and writes `imagenet_parquet.image_offsets`) vs the same rows through the previous writer (a plain
-ParquetWriter on the path, same settings, no index), side by side in one run.
+ParquetWriter on the path, same settings, no index), side by side in one run; then, when the reader benchmark's
+shards exist, the CPU cost of fetching one image's bytes in random order (no decode): a file of the folder tree,
+`ParquetImageDataset(decode=False)[i]` through the index, and the same with the index hidden (row-group path).
 
     python benchmarks/bench_shard_index.py [--images 2000] [--rounds 5]
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import random
 import sys
 import time
 from pathlib import Path
@@ -20,6 +23,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from imagenet_parquet import ParquetImageDataset  # noqa: E402
 from imagenet_parquet.shards import IMAGE_INDEX_KEY  # noqa: E402
 from tasks.common import load_params  # noqa: E402
 from tasks.hf_meta import shard_schema  # noqa: E402
@@ -63,6 +67,7 @@ def main() -> None:
     best = {name: float("inf") for name in writers}
     for _ in range(args.rounds):
         for i, (name, write) in enumerate(writers.items()):
+            (args.work / f"{i}.parquet").unlink(missing_ok=True)  # not timed: freeing the previous round's file
             start = time.perf_counter()
             write(args.work / f"{i}.parquet")
             best[name] = min(best[name], time.perf_counter() - start)
@@ -75,6 +80,29 @@ def main() -> None:
         index = len((pq.read_metadata(path).metadata or {}).get(IMAGE_INDEX_KEY.encode(), b""))
         print(f"| {name} | {best[name]:.3f} | {mb / best[name]:.0f} | {best[name] / base:.2f} | "
               f"{path.stat().st_size} | {index} |")
+    read_costs(folder.parent)
+
+
+def read_costs(work: Path, count: int = 3000) -> None:
+    """CPU µs per image fetched in random order (warm page cache), bytes only."""
+    folder, shards = work / "folder", work / "shards" / "passthrough"
+    if not shards.is_dir():
+        return
+    files = sorted(folder.rglob("*.JPEG"))
+    indexed = ParquetImageDataset(shards, "train", decode=False)
+    fallback = ParquetImageDataset(shards, "train", decode=False)
+    fallback._indexed._load = lambda path: None  # hide the index: the row-group path (+ LRU of 4 row groups)
+    picks = random.Random(0).sample(range(min(len(files), len(indexed))), min(count, len(indexed)))
+    runs = {"folder file (open + read)": lambda i: files[i].read_bytes(),
+            "reader, byte index (pread)": indexed.__getitem__, "reader, row-group path": fallback.__getitem__}
+    print(f"\n{len(picks)} random images, warm cache\n| read | CPU µs/image |\n|---|---:|")
+    for name, fetch in runs.items():
+        for i in picks[:200]:  # warm the page cache and open the files
+            fetch(i)
+        start = time.process_time()
+        for i in picks:
+            fetch(i)
+        print(f"| {name} | {(time.process_time() - start) / len(picks) * 1e6:.0f} |")
 
 
 if __name__ == "__main__":

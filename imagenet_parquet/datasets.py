@@ -6,7 +6,8 @@
 * `ParquetIterableDataset`: streams whole row groups in a (seed, epoch)-shuffled order through a shuffle buffer,
   split across distributed ranks and DataLoader workers with no duplicate and no missing row (see partition.py).
 * `RowGroupSampler`: a sampler for the map-style dataset that shuffles row groups, then rows inside a small window
-  of row groups, so the row-group cache hits (a plain random sampler reads one row group per sample).
+  of row groups, so the row-group cache hits (for shards without the footer index a plain random sampler reads
+  one row group per sample; with it, any order costs one pread per sample).
 """
 from __future__ import annotations
 

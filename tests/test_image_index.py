@@ -82,9 +82,9 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
     rows = pq.read_table(shard).to_pylist()
     real = shard_module.locate_values
 
-    def swapped(region, start, values, path):  # rows 0 and 1 of the first row group trade entries
-        found = real(region, start, values, path)
-        return [found[1], found[0], *found[2:]] if start == 0 else found
+    def swapped(*args):  # rows 0 and 1 of the first row group (searched from file offset 0) trade entries
+        found = real(*args)
+        return [found[1], found[0], *found[2:]] if args[1] == 0 else found
     monkeypatch.setattr(shard_module, "locate_values", swapped)
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
     checks = {c["name"]: c for c in run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path,

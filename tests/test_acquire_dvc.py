@@ -37,7 +37,7 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     records = json.loads((raw / "download.json").read_text())["archives"]
     assert {r["method"] for r in records.values()} == {"hardlink"}
     assert all(os.path.samefile(raw / name, sample_release / name) for name in ARCHIVES.values())
-    cache = json.loads((project_copy / "data" / "work" / "md5_cache.json").read_text())
+    cache = json.loads((project_copy / "data" / "scratch" / "md5_cache.json").read_text())
     # DVC hashed the linked outs once; verify took those MD5s from DVC's state instead of reading again
     assert {cache[str((raw / name).resolve())]["origin"] for name in ARCHIVES.values()} == {"dvc-state"}
     assert not (raw / "sample_md5.tsv").exists()

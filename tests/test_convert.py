@@ -174,7 +174,7 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     run_local(reference_job, progress=False)
     reference = shard_bytes(reference_job)
     total = len(prepare(reference_job))
-    stats_dir = killed / "data/work/convert/train"
+    stats_dir = killed / "data/scratch/convert/train"
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(tests=str(REPO / "tests"), root=str(killed))],
                             start_new_session=True)
     deadline = time.monotonic() + 60

@@ -34,10 +34,10 @@ def test_flow_on_sample_with_imagefolder(prefect_api, sample_release, tmp_path, 
 
     monkeypatch.chdir(make_project(tmp_path, sample_release, materialize=True))
     report = extract_flow()
-    assert report["images"] == {"train": 200, "val": 50} and report["imagefolder"] == "data/work/imagefolder"
+    assert report["images"] == {"train": 200, "val": 50} and report["imagefolder"] == "data/scratch/imagefolder"
     rows = pq.read_table("data/manifests/train.parquet").to_pylist()
     assert {r["source"] for r in rows} == {"data/raw/ILSVRC2012_img_train.tar"}  # the link's name, in the repo
-    files = sorted(p.relative_to("data/work/imagefolder").as_posix() for p in Path("data/work/imagefolder").rglob("*.JPEG"))
+    files = sorted(p.relative_to("data/scratch/imagefolder").as_posix() for p in Path("data/scratch/imagefolder").rglob("*.JPEG"))
     assert len(files) == 250 and files[0].startswith("train/n")
     assert json.loads(Path("data/label_map.json").read_text())["num_classes"] == 10
     with get_client(sync_client=True) as client:
@@ -73,7 +73,7 @@ def test_dvc_stage_tracks_index_not_imagefolder(prefect_api, sample_release, pro
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     lock = yaml.safe_load((project_copy / "dvc.lock").read_text())["stages"]["extract"]
     assert sorted(out["path"] for out in lock["outs"]) == ["data/label_map.json", "data/manifests"]
-    image = next((project_copy / "data/work/imagefolder/val").rglob("*.JPEG"))
+    image = next((project_copy / "data/scratch/imagefolder/val").rglob("*.JPEG"))
     image.write_bytes(b"changed")
     second = subprocess.run(dvc, cwd=project_copy, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and "didn't change" in second.stdout, second.stdout + second.stderr

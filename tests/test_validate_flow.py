@@ -17,7 +17,7 @@ def _project(root: Path, **params) -> Path:
     """A directory with params.yaml (paths relative to it) around a dataset under data/."""
     (root / "params.yaml").write_text(yaml.safe_dump({
         "paths": {"raw": "data/raw", "manifests": "data/manifests", "label_map": "data/label_map.json",
-                  "parquet": "data/parquet", "work": "data/work", "metrics": "data/metrics",
+                  "parquet": "data/parquet", "work": "data/scratch", "metrics": "data/metrics",
                   "reports": "data/reports"},
         "validate": validate_params(**params)}))
     return root / "params.yaml"

@@ -40,15 +40,20 @@ def load_synsets() -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------- images
-def _draw(rng: np.random.Generator) -> Image.Image:
-    """A 300–500 px RGB picture: smooth colour field, a few discs, mild noise (≈ 30–60 KB as JPEG)."""
+def _draw(rng: np.random.Generator, label: int) -> Image.Image:
+    """A 300–500 px RGB picture in the class's own hue (so a contact sheet shows a misplaced label at a glance):
+    smooth colour field, a few discs, mild noise (≈ 30–60 KB as JPEG)."""
     width, height = (int(v) for v in rng.integers(300, 501, 2))
-    grid = rng.integers(0, 256, (int(rng.integers(6, 20)), int(rng.integers(6, 20)), 3), dtype=np.uint8)
-    image = Image.fromarray(grid).resize((width, height), Image.BICUBIC)
+    hue = int((label * 0.618034 % 1.0) * 255)  # golden-ratio hues: neighbouring classes look different
+    rows, cols = int(rng.integers(6, 20)), int(rng.integers(6, 20))
+    grid = np.stack([(hue + rng.integers(-12, 13, (rows, cols))) % 256, rng.integers(110, 256, (rows, cols)),
+                     rng.integers(90, 256, (rows, cols))], axis=-1).astype(np.uint8)
+    image = Image.fromarray(grid, "HSV").convert("RGB").resize((width, height), Image.BICUBIC)
     draw = ImageDraw.Draw(image)
     for _ in range(6):
         x, y, r = int(rng.integers(0, width)), int(rng.integers(0, height)), int(rng.integers(10, 80))
-        draw.ellipse((x - r, y - r, x + r, y + r), fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+        shade = tuple(int(c) for c in rng.integers(0, 256, 3))
+        draw.ellipse((x - r, y - r, x + r, y + r), fill=shade if rng.random() < 0.3 else (255, 255, 255))
     noise = rng.integers(-12, 13, (height, width, 1), dtype=np.int16)
     return Image.fromarray(np.clip(np.asarray(image, dtype=np.int16) + noise, 0, 255).astype(np.uint8))
 
@@ -82,10 +87,10 @@ class _Images:
                 raise FileNotFoundError(f"{real_images}: expected JPEG files, found none")
             self.real = itertools.cycle(files)
 
-    def next(self, quirk: str | None) -> bytes:
+    def next(self, quirk: str | None, label: int) -> bytes:
         if quirk is None and self.real is not None:
             return next(self.real).read_bytes()
-        return _encode(_draw(self.rng), quirk)
+        return _encode(_draw(self.rng, label), quirk)
 
 
 # ---------------------------------------------------------------- tar writing
@@ -151,10 +156,10 @@ def _train_members(classes: list[tuple[str, str]], per_class: int, images: _Imag
                    rng: np.random.Generator) -> Iterator[tuple[str, bytes]]:
     quirks = _quirk_positions(len(classes) * per_class, TRAIN_QUIRKS)
     flat = 0
-    for wnid, _words in classes:
+    for label, (wnid, _words) in enumerate(classes):
         inner = []
         for number in _train_numbers(rng, per_class):
-            inner.append((f"{wnid}_{number}.JPEG", images.next(quirks.get(flat))))
+            inner.append((f"{wnid}_{number}.JPEG", images.next(quirks.get(flat), label)))
             flat += 1
         yield f"{wnid}.tar", _tar_bytes(inner)
 
@@ -170,7 +175,7 @@ def _leaf_ids(rng: np.random.Generator, count: int) -> list[int]:
 def _val_members(labels: list[int], images: _Images) -> Iterator[tuple[str, bytes]]:
     quirks = _quirk_positions(len(labels), VAL_QUIRKS)
     for index in range(len(labels)):
-        yield f"ILSVRC2012_val_{index + 1:08d}.JPEG", images.next(quirks.get(index))
+        yield f"ILSVRC2012_val_{index + 1:08d}.JPEG", images.next(quirks.get(index), labels[index])
 
 
 def _synset_records(classes: list[tuple[str, str]], ids: list[int], per_class: int) -> list[dict]:

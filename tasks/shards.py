@@ -47,19 +47,22 @@ class ShardPlan:
 
 
 def plan_ranges(sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int, int]]:
-    """Greedy cut of rows into consecutive ranges of about `target_bytes` of input: (start, stop, bytes).
+    """Cut rows into consecutive, balanced ranges of about `target_bytes` of input: (start, stop, bytes).
 
-    A range closes before the row that would push it past the target (a range always holds >= 1 row), so the cut
-    depends only on the sizes and the target — never on the worker count. An empty input gives one empty range."""
-    ranges, start, total = [], 0, 0
-    row = -1
-    for row, size in enumerate(sizes):
-        if row > start and total + size > target_bytes:
-            ranges.append((start, row, total))
-            start, total = row, 0
-        total += size
-    ranges.append((start, row + 1, total))
-    return ranges
+    n = ceil(total / target) ranges, cut where the running total first reaches k·total/n, so the ranges are of
+    about equal size (two shards of 184 MB, not 256 + 112: the processes finish together). The cut depends only
+    on the sizes and the target — never on the worker count. An empty input gives one empty range."""
+    sizes = list(sizes)
+    total = sum(sizes)
+    count = max(1, -(-total // target_bytes))
+    bounds = [0]
+    running = 0
+    for row, size in enumerate(sizes[:-1]):
+        running += size
+        if len(bounds) < count and running * count >= len(bounds) * total:
+            bounds.append(row + 1)
+    bounds.append(len(sizes))
+    return [(a, b, sum(sizes[a:b])) for a, b in zip(bounds, bounds[1:])]
 
 
 def plan_split(split: str, sizes: list[int], target_bytes: int, base_key: str) -> list[ShardPlan]:

@@ -272,5 +272,7 @@ def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypa
 def test_plan_cuts_by_target_bytes_from_sizes_alone():
     from tasks.shards import plan_ranges
 
-    assert plan_ranges([5, 5, 5, 20, 1], 10) == [(0, 2, 10), (2, 3, 5), (3, 4, 20), (4, 5, 1)]
+    assert plan_ranges([10] * 10, 30) == [(0, 3, 30), (3, 5, 20), (5, 8, 30), (8, 10, 20)]  # balanced, not 30+30+30+10
+    assert plan_ranges([5, 5, 5, 20, 1], 10) == [(0, 2, 10), (2, 4, 25), (4, 5, 1)]  # a big row may overfill one
+    assert plan_ranges([7], 10) == [(0, 1, 7)]
     assert plan_ranges([], 10) == [(0, 0, 0)]  # an empty split still gets one (empty) shard with the schema

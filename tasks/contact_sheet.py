@@ -6,7 +6,6 @@ PNG bytes are deterministic (fixed layout, Pillow's built-in font, no metadata).
 from __future__ import annotations
 
 import io
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from tasks.common import atomic_path
+from tasks.hf_meta import read_label_map
 from tasks.parquet_scan import SPLITS, iter_row_groups, list_shards
 
 THUMB = 72  # thumbnail box, px
@@ -109,7 +109,7 @@ def _paste(sheet: Image.Image, draw: ImageDraw.ImageDraw, box: tuple[int, int, i
 def write_contact_sheet(parquet_dir: str | Path, label_map_path: str | Path, out_png: str | Path,
                         per_class: int, max_classes: int) -> Path:
     """Write the contact sheet PNG atomically; returns its path."""
-    label_map = json.loads(Path(label_map_path).read_text(encoding="utf-8"))
+    label_map = read_label_map(label_map_path)
     labels = shown_labels(label_map["num_classes"], max_classes)
     picks = select_rows(list_shards(parquet_dir), labels, per_class)
     sheet = draw_sheet(label_map, labels, picks, read_thumbnails(picks), per_class)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from tasks.common import PipelineError, atomic_path, dumps_json, write_json
 from tasks.convert_params import SPLITS, Job
-from tasks.hf_meta import class_names, shard_schema
+from tasks.hf_meta import class_names, read_label_map, shard_schema
 from tasks.imaging import BadImage, encode_image
 from tasks.shards import (ShardPlan, finished_stats, plan_split, read_exact, remove_stale,
                           write_shard)
@@ -35,7 +35,7 @@ BAD_IMAGES = "bad_images.jsonl"
 
 def prepare(job: Job) -> list[ShardPlan]:
     """Validate the inputs, plan every split's shards, and drop files of older plans from the output dirs."""
-    label_map = _label_map(job.label_map)
+    label_map = read_label_map(job.label_map)
     wnid_label = {c["wnid"]: c["label"] for c in label_map["classes"]}
     base = _base_key(job)
     plans: list[ShardPlan] = []
@@ -63,7 +63,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     if done is not None:
         return {**done, "resumed": True}
     started = time.perf_counter()
-    label_map = _label_map(job.label_map)
+    label_map = read_label_map(job.label_map)
     rows = _rows(job, plan)
     schema = shard_schema(label_map, job.output_params(), plan.split)
     tally = _Tally(split=plan.split)
@@ -202,15 +202,6 @@ def _rows(job: Job, plan: ShardPlan) -> list[dict[str, Any]]:
         raise PipelineError(f"{job.rows_path(plan)}: expected {plan.stop - plan.start} manifest rows for "
                             f"{plan.name}, found {len(rows)}; another run is using the same work directory?")
     return rows
-
-
-def _label_map(path: Path) -> dict[str, Any]:
-    try:
-        label_map = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise PipelineError(f"{path}: expected the label map JSON, found: {err}; re-run the extract stage") from None
-    class_names(label_map)  # validates
-    return label_map
 
 
 def _check_labels(path: Path, table: pa.Table, wnid_label: dict[str, int]) -> None:

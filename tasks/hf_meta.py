@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -42,6 +43,20 @@ def class_names(label_map: dict[str, Any]) -> list[str]:
         raise PipelineError("label map: expected unique class names (ClassLabel), found duplicates; "
                             "re-run the extract stage")
     return names
+
+
+def read_label_map(path: str | Path) -> dict[str, Any]:
+    """data/label_map.json (written by the extract stage), checked to hold labels 0..K-1 with unique names."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: expected the label map written by the extract stage, found no file; "
+                            "run `dvc repro extract`")
+    try:
+        label_map = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"{path}: expected the label map JSON, found: {err}; re-run the extract stage") from None
+    class_names(label_map)
+    return label_map
 
 
 def hf_features(names: list[str]) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import io
 import itertools
 import tarfile
@@ -22,6 +21,7 @@ import scipy.io
 from PIL import Image, ImageDraw
 
 from tasks.common import ARCHIVES, DATA_DIR, atomic_path
+from tasks.md5state import compute_md5
 
 MTIME = 1_335_000_000  # fixed member mtime (April 2012, like the real release)
 MD5_TABLE = "sample_md5.tsv"
@@ -228,14 +228,6 @@ def _devkit_members(records: list[dict], val_ids: list[int]) -> list[tuple[str, 
             (f"{DEVKIT_ROOT}/data/ILSVRC2012_validation_blacklist.txt", b"1\n")]
 
 
-def md5_file(path: str | Path, chunk: int = 8 << 20) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_sample(out_dir: str | Path, classes: int = 10, train_per_class: int = 20, val_per_class: int = 5,
                  seed: int = 0, real_images: str | Path | None = None) -> dict[str, str]:
     """Write the three sample archives and `sample_md5.tsv` into out_dir; return {archive name: md5}."""
@@ -250,7 +242,7 @@ def write_sample(out_dir: str | Path, classes: int = 10, train_per_class: int = 
     _write_tar(out / ARCHIVES["val"], _val_members(val_labels, images))
     records = _synset_records(chosen, ids, train_per_class)
     _write_tar_gz(out / ARCHIVES["devkit"], _devkit_members(records, [ids[label] for label in val_labels]))
-    md5s = {name: md5_file(out / name) for name in ARCHIVES.values()}
+    md5s = {name: compute_md5(out / name, progress=False) for name in ARCHIVES.values()}
     with atomic_path(out / MD5_TABLE) as tmp:
         tmp.write_text("name\tmd5\n" + "".join(f"{n}\t{m}\n" for n, m in md5s.items()), encoding="utf-8")
     return md5s

@@ -17,22 +17,11 @@ from tasks.common import PipelineError
 from tasks.convert import BAD_IMAGES
 from tasks.dataset_checks import (class_count_check, class_set_check, class_table, count_summary, leakage_check,
                                   manifest_check, manifest_label_check)
-from tasks.hf_meta import COLUMNS, class_names
+from tasks.hf_meta import COLUMNS, read_label_map
 from tasks.parquet_scan import SPLITS, ByteFindings, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
 from tasks.report import build_report, failure_summary
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
-
-
-def load_label_map(path: str | Path) -> dict[str, Any]:
-    """data/label_map.json, checked to hold labels 0..K-1 with unique names."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"{path}: expected the label map written by the extract stage, found no file; "
-                            "run `dvc repro extract`")
-    label_map = json.loads(path.read_text(encoding="utf-8"))
-    class_names(label_map)
-    return label_map
 
 
 def load_manifests(manifests_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -77,7 +66,7 @@ def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map
                    params: dict[str, Any]) -> dict[str, Any]:
     """Every check over the dataset; returns the report dict (see tasks.report.build_report)."""
     check_params(params)
-    label_map = load_label_map(label_map_path)
+    label_map = read_label_map(label_map_path)
     manifests = load_manifests(manifests_dir)
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     meta, plan = read_metadata(list_shards(parquet_dir))

@@ -11,6 +11,7 @@ from prefect import flow, task
 from flows.cli import main
 from tasks import download as dl
 from tasks.common import load_params, paths
+from tasks.md5state import CACHE_NAME
 
 
 def _network_failure(_task: Any, _run: Any, state: Any) -> bool:
@@ -34,7 +35,8 @@ write_download_json = task(dl.write_download_json, name="write-download-json")
 @flow(name="download", log_prints=True)
 def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]:
     params, sample = load_params("download", params_file), load_params("sample", params_file)
-    raw_dir, cache_file = paths(params_file)["raw"], paths(params_file)["work"] / "md5_cache.json"
+    where = paths(params_file)
+    raw_dir, cache_file = where["raw"], where["work"] / CACHE_NAME
     opts = dl.FetchOptions.from_params(params)
     sources = dl.archive_sources(params)
     check_local_sources(sources)

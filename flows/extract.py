@@ -3,7 +3,6 @@
 `python -m flows.extract` (the dvc.yaml `extract` stage) reads `params.yaml: extract` and `paths`."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -31,7 +30,7 @@ def extract_flow(params_file: str = "params.yaml") -> dict[str, Any]:
         scans = [scan_folder.submit(split, cfg["folder"], staging) for split in extract.SPLITS]
     for scan in scans:
         scan.result()  # re-raises a scan's PipelineError
-    materialized = bool(cfg["materialize"]) and archives
+    materialized = cfg["materialize"] and archives
     report = finalize(staging, where["manifests"], where["label_map"], mode=cfg["mode"],
                       val_labels=cfg["val_labels"], classes=cfg["classes"],
                       devkit_path=where["raw"] / ARCHIVES["devkit"], imagefolder=str(tree) if materialized else None)
@@ -41,7 +40,7 @@ def extract_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     if materialized:
         logger.info("ImageFolder tree written to %s: %s files", tree, materialize(where["manifests"], tree))
     logger.info("manifests: %s images, %d classes, %d reported files (see %s)", report["images"],
-                report["num_classes"], len(report["reported"]), Path(where["manifests"]) / "extract_report.json")
+                report["num_classes"], len(report["reported"]), where["manifests"] / "extract_report.json")
     return report
 
 

@@ -8,6 +8,7 @@ from prefect import flow, task
 from flows.cli import main
 from tasks import verify as vf
 from tasks.common import load_params, paths
+from tasks.md5state import CACHE_NAME
 
 expected_md5s = task(vf.expected_md5s, name="expected-md5s")
 check_archive = task(vf.check_archive, name="check-archive")
@@ -17,7 +18,8 @@ write_verify_json = task(vf.write_verify_json, name="write-verify-json")
 @flow(name="verify", log_prints=True)
 def verify_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     params = load_params("verify", params_file)
-    raw_dir, cache_file = paths(params_file)["raw"], paths(params_file)["work"] / "md5_cache.json"
+    where = paths(params_file)
+    raw_dir, cache_file = where["raw"], where["work"] / CACHE_NAME
     table, expected = expected_md5s(str(params.get("checksums", "auto")), raw_dir)
     results = {name: check_archive(name, raw_dir, md5, cache_file, table) for name, md5 in expected.items()}
     write_verify_json(raw_dir, table, results)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .partition import rank_range, row_slices, split_range, unit_order
@@ -134,8 +135,6 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
     @property
     def targets(self) -> np.ndarray:
         """Every row's label (reads only the label column), like ImageFolder.targets."""
-        import pyarrow.parquet as pq
-
         return np.concatenate([pq.read_table(f, columns=["label"]).column(0).to_numpy() for f in self.files])
 
 

@@ -190,9 +190,7 @@ class RowGroupReader:
             self._reset()
         table = self._cache.get(unit)
         if table is None:
-            pf = self._file(int(self.index.file_of[unit]))
-            table = pf.read_row_group(int(self.index.group_of[unit]), columns=self.columns, use_threads=False)
-            self._cache[unit] = table
+            table = self._cache[unit] = self.read_uncached(unit)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         self._cache.move_to_end(unit)

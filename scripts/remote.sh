@@ -26,10 +26,8 @@ case "${1:-}" in
     url=${2:-}
     [[ $url == s3://?* ]] || die "expected an S3 URL like s3://bucket/prefix as the second argument, found '${url}'"
     dvc remote add --force --default s3 "$url"
-    if [[ -n ${3:-} ]]; then
+    if [[ -n ${3:-} ]]; then  # `add --force` above already dropped any previous endpointurl
       dvc remote modify s3 endpointurl "$3"
-    else
-      dvc remote modify --unset s3 endpointurl
     fi
     ;;
   *)

@@ -10,7 +10,6 @@ from typing import Any
 
 import pandas as pd
 import pandera.pandas as pa
-import pyarrow.parquet as pq
 
 from tasks.hf_meta import FIELDS, HASH_ALGORITHM, hf_features
 from tasks.imaging import TRANSFORM_PATTERN
@@ -93,11 +92,11 @@ def row_failures(name: str, meta: pd.DataFrame, found: dict[int, str], limit: in
 
 # ---------------------------------------------------------------- Arrow schema and metadata (per shard)
 def shard_schema_check(files: list, label_map: dict[str, Any], limit: int) -> list[CheckResult]:
-    """Arrow types/order and the schema metadata of every shard, against the contract and label_map.json."""
+    """Arrow types/order and the schema metadata of every shard (split, path, Arrow schema), against the contract
+    and label_map.json."""
     expected = [(name, str(dtype)) for name, dtype in FIELDS]
     bad_types, bad_meta = [], []
-    for split, path in files:
-        schema = pq.read_schema(path)
+    for split, path, schema in files:
         found = [(f.name, str(f.type)) for f in schema]
         if found != expected:
             bad_types.append({"split": split, "shard": path.name, "found": _diff(expected, found)})

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 DATA_DIR = Path(__file__).with_name("data")  # facts the product ships (synsets, MD5 tables, subsets)
+SPLITS = ("train", "val")  # every split the pipeline writes, in this order
 ARCHIVES = {
     "train": "ILSVRC2012_img_train.tar",
     "val": "ILSVRC2012_img_val.tar",

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common import PipelineError
+from tasks.common import SPLITS
 from tasks.imaging import Policy
 
-SPLITS = ("train", "val")
 POLICIES = ("passthrough", "reencode")
 EXIF_POLICIES = ("keep", "transpose")
 RUNNERS = ("local", "dask")

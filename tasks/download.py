@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.common import ARCHIVES, PipelineError, write_json
-from tasks.fetch import FetchOptions, RetryableError, kind, redact, remote_size, resumable_download
+from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
+from tasks.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
 from tasks.md5state import cached_md5, remember_md5
 from tasks.sample import MD5_TABLE, write_sample
 
@@ -80,25 +80,27 @@ def link_local(source: str, dest: Path) -> str:
         raise PipelineError(f"{src}: expected the archive {dest.name} here, found "
                             f"{'a directory' if src.is_dir() else 'nothing'}. Set download.source to the "
                             "directory holding the three official archives (or the per-archive path) in params.yaml.")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.link-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-        how = "hardlink"
-    except OSError:  # another filesystem (EXDEV) or links not allowed: reference it instead
-        os.symlink(src.resolve(), tmp)
-        how = "symlink"
-    os.replace(tmp, dest)
+    with atomic_path(dest) as tmp:
+        try:
+            os.link(src, tmp)
+            how = "hardlink"
+        except OSError:  # another filesystem (EXDEV) or links not allowed: reference it instead
+            os.symlink(src.resolve(), tmp)
+            how = "symlink"
     return how
 
 
 def _unchanged_download(dest: Path, source: str, cache_file: Path) -> str | None:
     """The MD5 of an earlier complete download of the same source, when dest is still those bytes."""
-    if not dest.is_file() or (dest.with_name(dest.name + ".part")).exists():
+    if not dest.is_file() or part_path(dest).exists():
         return None
     md5, origin = cached_md5(dest, cache_file)
-    return md5 if origin == f"download {redact(source)}" else None
+    return md5 if origin == _origin(source) else None
+
+
+def _origin(source: str) -> str:
+    """How md5state records an MD5 computed while downloading `source`."""
+    return f"download {redact(source)}"
 
 
 def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path) -> dict[str, Any]:
@@ -108,12 +110,11 @@ def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cac
     if how == "local":
         method = link_local(source, dest)
         return {"source": source, "bytes": dest.stat().st_size, "md5": None, "method": method}
-    origin = f"download {redact(source)}"
     md5 = _unchanged_download(dest, source, cache_file)
     if md5 is None:
         raw_dir.mkdir(parents=True, exist_ok=True)
         _size, md5 = resumable_download(source, dest, opts)
-        remember_md5(dest, md5, cache_file, origin)
+        remember_md5(dest, md5, cache_file, _origin(source))
     return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
 
 
@@ -135,7 +136,7 @@ def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cac
     for name, source in sources.items():
         if kind(source) in ("sample", "local") or _unchanged_download(raw_dir / name, source, cache_file):
             continue
-        part = raw_dir / f"{name}.part"
+        part = part_path(raw_dir / name)
         needed[name] = max(0, (remote_size(source, opts) or 0) - (part.stat().st_size if part.exists() else 0))
     return needed
 

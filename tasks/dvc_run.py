@@ -87,19 +87,21 @@ def run_dvc(args: list[str], project: Path, on_line: Callable[[str], None], env:
     return DvcRun(returncode, seen, list(tail))
 
 
+def _stages(path: Path) -> dict[str, Any]:
+    """The `stages:` mapping of a dvc.yaml or dvc.lock file."""
+    with open(path, encoding="utf-8") as fh:
+        return (yaml.safe_load(fh) or {}).get("stages", {})
+
+
 def stage_names(project: Path) -> list[str]:
     """The stages of the project's dvc.yaml, in file order."""
-    with open(project / "dvc.yaml", encoding="utf-8") as fh:
-        return list((yaml.safe_load(fh) or {}).get("stages", {}))
+    return list(_stages(project / "dvc.yaml"))
 
 
 def lock_entries(project: Path) -> dict[str, Any]:
     """dvc.lock's per-stage entries ({} before the first run)."""
     lock = project / "dvc.lock"
-    if not lock.exists():
-        return {}
-    with open(lock, encoding="utf-8") as fh:
-        return (yaml.safe_load(fh) or {}).get("stages", {})
+    return _stages(lock) if lock.exists() else {}
 
 
 def stage_outcomes(stages: list[str], run: DvcRun, before: dict[str, Any], after: dict[str, Any]) -> list[dict]:

@@ -19,12 +19,11 @@ import pyarrow.parquet as pq
 
 from tasks import devkit as dk
 from tasks import labels
-from tasks.common import PipelineError, atomic_path, write_json
+from tasks.common import SPLITS, PipelineError, atomic_path, write_json
 from tasks.folder import scan_folder_split, source_path
 from tasks.tarindex import index_nested, index_tar
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val")
 MANIFEST_SCHEMA = pa.schema([
     ("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()), ("name", pa.string()),
     ("source", pa.string()), ("member", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
@@ -49,7 +48,6 @@ def check_params(cfg: dict[str, Any]) -> None:
 
 def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str,
                    reported: list[dict[str, str]]) -> Path:
-    staging_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(staging_dir / f"{split}.parquet") as tmp:
         pq.write_table(table, tmp)
     write_json(staging_dir / f"{split}.scan.json", {"where": where, "reported": reported})
@@ -108,7 +106,6 @@ def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table
 
 
 def _write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
-    manifests_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(manifests_dir / f"{split}.parquet") as tmp:
         pq.write_table(table, tmp, compression="zstd")
 

@@ -172,6 +172,11 @@ def _fsspec_stream(url: str, offset: int, opts: FetchOptions) -> Stream:
     return offset, total, iter(lambda: fh.read(opts.chunk_bytes), b""), fh
 
 
+def part_path(dest: Path) -> Path:
+    """Where the bytes of `dest` collect until the download is complete."""
+    return dest.with_name(dest.name + ".part")
+
+
 class _Held:
     """What `.part` holds so far: its size and the running MD5 of exactly those bytes."""
 
@@ -252,7 +257,7 @@ def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm) -> No
 def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int, str]:
     """Stream `source` into `dest` via `dest.part` (resumed, retried); returns (bytes, md5)."""
     opener = _http_stream if kind(source) == "http" else _fsspec_stream
-    held = _Held(dest.with_name(dest.name + ".part"), opts.chunk_bytes)
+    held = _Held(part_path(dest), opts.chunk_bytes)
     with tqdm(unit="B", unit_scale=True, unit_divisor=1024, initial=held.size, desc=dest.name,
               disable=not opts.progress, mininterval=1.0) as bar:
         for attempt in range(opts.retries + 1):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tasks.common import PipelineError
 from tasks.labels import WNID
-from tasks.tarindex import IMAGE_EXTENSIONS, collisions, is_image, is_utf8, report
+from tasks.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, report
 
 Row = dict[str, object]
 
@@ -68,11 +68,11 @@ def _scan_class(directory: Path, wnid: str, split: str, root: str | os.PathLike)
 
 def _skip_reason(entry: os.DirEntry[str]) -> str | None:
     if not is_utf8(entry.name):
-        return "name is not valid UTF-8 (cannot be stored in the manifest)"
+        return NOT_UTF8
     if entry.is_dir():
         return "nested folder (not scanned)"
     if not entry.is_file():
         return "not a regular file (broken link, device or FIFO)"
     if not is_image(entry.name):
-        return f"not an image (extension not one of {', '.join(IMAGE_EXTENSIONS)})"
+        return NOT_IMAGE
     return None

@@ -15,10 +15,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from tasks.common import PipelineError, atomic_path
+from tasks.common import SPLITS, PipelineError, atomic_path
 from tasks.tarindex import TAR_ENCODING, open_tar, safe_members
 
-SPLITS = ("train", "val")
 CLASS_TAR_PREFIX = re.compile(r"^(.*?n\d{8}\.tar)/")  # `<...>/n01440764.tar/<image>` → the class tar member
 Targets = dict[tuple[str, int], str]  # (member path, offset in the archive) → relative target path
 

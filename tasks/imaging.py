@@ -58,8 +58,8 @@ def encode_image(data: bytes, policy: Policy) -> Encoded:
     orientation = _orientation(im)
     steps = _needed_steps(im, fmt, orientation, policy)
     if steps is None:
-        if fmt == "JPEG" and not _has_end_marker(data):
-            raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
+        if fmt == "JPEG":
+            _require_end_marker(data)
         if policy.full_decode:
             _load(im)
         return Encoded(data, im.width, im.height, fmt, "none", orientation)
@@ -77,8 +77,7 @@ def _keep_as_is(data: bytes, policy: Policy) -> Encoded | None:
     if (policy.exif == "transpose" and head.orientation != 1) or (
             policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter):
         return None
-    if not _has_end_marker(data):
-        raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
+    _require_end_marker(data)
     return Encoded(data, head.width, head.height, "JPEG", "none", head.orientation)
 
 
@@ -120,9 +119,10 @@ def _orientation(im: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _has_end_marker(data: bytes) -> bool:
+def _require_end_marker(data: bytes) -> None:
     """A complete JPEG has EOI (FFD9) after its last SOS (FFDA); neither can occur inside entropy-coded data."""
-    return data.endswith(b"\xff\xd9") or data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda")
+    if not (data.endswith(b"\xff\xd9") or data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda")):
+        raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
 
 
 def _needed_steps(im: Image.Image, fmt: str, orientation: int, policy: Policy) -> list[str] | None:

@@ -107,7 +107,7 @@ def select_classes(train: set[str], val: set[str], subset: list[str] | None, tra
 
 def label_map(wnids: list[str], catalog: dict[str, Synset], label_source: str) -> dict[str, Any]:
     """The label map (docs/CONTRACTS.md): label = position of the wnid in sorted order, 0..K-1."""
-    names = unique_names({w: catalog[w] for w in catalog})
+    names = unique_names(catalog)
     classes = [{"label": label, "wnid": wnid, "name": names[wnid], "words": catalog[wnid].words,
                 "ilsvrc2012_id": catalog[wnid].ilsvrc2012_id} for label, wnid in enumerate(sorted(wnids))]
     return {"num_classes": len(classes), "label_source": label_source, "classes": classes}

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from tasks.common import atomic_path, dumps_json
+from tasks.common import write_json
 
 CHUNK = 8 << 20
+CACHE_NAME = "md5_cache.json"  # under paths.work
 
 
 def stat_key(path: str | os.PathLike) -> dict[str, int]:
@@ -32,8 +33,7 @@ def _load(cache_file: Path) -> dict[str, dict]:
 
 
 def _save(cache_file: Path, entries: dict[str, dict]) -> None:
-    with atomic_path(cache_file) as tmp:
-        tmp.write_text(dumps_json(entries), encoding="utf-8")
+    write_json(cache_file, entries)
 
 
 def cached_md5(path: str | os.PathLike, cache_file: Path) -> tuple[str | None, str]:

@@ -20,7 +20,7 @@ from PIL import Image
 
 from imagenet_parquet.shards import IMAGE_INDEX_KEY, decode_image_index, read_indexed
 from tasks.common import PipelineError
-from tasks.extract import SPLITS
+from tasks.common import SPLITS
 from tasks.hf_meta import SMALL_COLUMNS
 
 JPEG_SOI = b"\xff\xd8"
@@ -33,6 +33,7 @@ class Shard:
     path: Path
     first: int  # index of its first row in the combined frame
     rows: int
+    footer: pq.FileMetaData = field(compare=False, repr=False)  # read once; the schema and byte index come from it
 
 
 def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
@@ -46,8 +47,9 @@ def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
     return found
 
 
-def _read_shard_metadata(path: Path) -> pd.DataFrame:
-    """The metadata columns present in one shard (image.path flattened to `image_path`), no image bytes."""
+def _read_shard_metadata(path: Path) -> tuple[pd.DataFrame, pq.FileMetaData]:
+    """The metadata columns present in one shard (image.path flattened to `image_path`), no image bytes; and its
+    footer."""
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as err:
@@ -60,7 +62,7 @@ def _read_shard_metadata(path: Path) -> pd.DataFrame:
         frame.insert(0, "image_path", table.column("image").combine_chunks().field("path").to_pandas())
     frame["shard"] = path.name
     frame["row"] = np.arange(len(frame), dtype=np.int64)
-    return frame
+    return frame, pf.metadata
 
 
 def _image_fields(schema: pa.Schema) -> list[pa.Field]:
@@ -74,17 +76,19 @@ def read_metadata(shards: dict[str, list[Path]]) -> tuple[pd.DataFrame, list[Sha
     frames, plan, first = [], [], 0
     for split in SPLITS:
         for path in shards[split]:
-            frame = _read_shard_metadata(path)
+            frame, footer = _read_shard_metadata(path)
             frame.insert(0, "split", split)
             frames.append(frame)
-            plan.append(Shard(split, path, first, len(frame)))
+            plan.append(Shard(split, path, first, len(frame), footer))
             first += len(frame)
     return pd.concat(frames, ignore_index=True), plan
 
 
-def iter_row_groups(path: Path, rows: set[int] | None = None) -> Iterator[tuple[int, pa.BinaryArray]]:
-    """(first row of the group in the file, its `image.bytes`) per row group; only groups holding `rows`."""
-    pf = pq.ParquetFile(path)
+def iter_row_groups(path: Path, rows: set[int] | None = None, footer: pq.FileMetaData | None = None
+                    ) -> Iterator[tuple[int, pa.BinaryArray]]:
+    """(first row of the group in the file, its `image.bytes`) per row group; only groups holding `rows`.
+    `footer`: the file's footer when already read (not read again)."""
+    pf = pq.ParquetFile(path, metadata=footer)
     start = 0
     for index in range(pf.num_row_groups):
         count = pf.metadata.row_group(index).num_rows
@@ -118,7 +122,7 @@ def scan_bytes(plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray) -> Byt
         fd = os.open(shard.path, os.O_RDONLY)
         try:
             index = _byte_index(shard, findings)
-            for start, blobs in iter_row_groups(shard.path):
+            for start, blobs in iter_row_groups(shard.path, footer=shard.footer):
                 for offset in range(len(blobs)):
                     row = shard.first + start + offset
                     data = blobs[offset].as_buffer() if blobs[offset].is_valid else None
@@ -136,7 +140,7 @@ def scan_bytes(plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray) -> Byt
 def _byte_index(shard: Shard, findings: ByteFindings) -> np.ndarray | None:
     """The shard's footer byte index; a wrong entry count marks every row of the shard."""
     try:
-        index = decode_image_index(pq.read_metadata(shard.path).metadata, shard.rows, shard.path)
+        index = decode_image_index(shard.footer.metadata, shard.rows, shard.path)
     except ValueError as err:
         findings.index_mismatch.update({shard.first + r: str(err) for r in range(shard.rows)})
         return None

@@ -20,7 +20,8 @@ import numpy as np
 import scipy.io
 from PIL import Image, ImageDraw
 
-from tasks.common import ARCHIVES, DATA_DIR, atomic_path
+from tasks.common import ARCHIVES, atomic_path
+from tasks.labels import shipped_synsets
 from tasks.md5state import compute_md5
 
 MTIME = 1_335_000_000  # fixed member mtime (April 2012, like the real release)
@@ -35,8 +36,7 @@ ANIMALS_END = "n02666196"  # first non-animal leaf wnid (abacus): splits the sam
 
 def load_synsets() -> list[tuple[str, str]]:
     """(wnid, words) of the 1000 ILSVRC2012 classes, in wnid order, from the shipped table."""
-    lines = (DATA_DIR / "synsets.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    return [tuple(line.split("\t", 1)) for line in lines if line]  # type: ignore[misc]
+    return [(s.wnid, s.words) for s in shipped_synsets().values()]
 
 
 # ---------------------------------------------------------------- images

@@ -22,6 +22,8 @@ from tasks.common import PipelineError
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")  # compared case-insensitively
 CLASS_TAR = re.compile(r"^(n\d{8})\.tar$")
 TAR_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}  # undecodable bytes survive, get reported
+NOT_UTF8 = "name is not valid UTF-8 (cannot be stored in the manifest)"
+NOT_IMAGE = f"not an image (extension not one of {', '.join(IMAGE_EXTENSIONS)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +104,9 @@ def safe_members(tar: tarfile.TarFile, archive: str, limit: int | None) -> Itera
 def classify(split: str, source: str, info: tarfile.TarInfo, member: str) -> dict[str, str] | None:
     """None when the member is an image to index, else the report entry saying why it is skipped."""
     if not is_utf8(info.name):
-        return report(split, source, member, "name is not valid UTF-8 (cannot be stored in the manifest)")
+        return report(split, source, member, NOT_UTF8)
     if not is_image(info.name):
-        return report(split, source, member, f"not an image (extension not one of {', '.join(IMAGE_EXTENSIONS)})")
+        return report(split, source, member, NOT_IMAGE)
     return None
 
 

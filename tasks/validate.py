@@ -71,7 +71,8 @@ def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     meta, plan = read_metadata(list_shards(parquet_dir))
     limit = params["report_examples"]
-    results = shard_schema_check([(s.split, s.path) for s in plan], label_map, limit)
+    results = shard_schema_check([(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan], label_map,
+                                 limit)
     results += pandera_checks(meta, label_map, limit)
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
     classes = class_table(meta, label_map)

@@ -36,9 +36,9 @@ WORK = REPO / "benchmarks" / "_work" / "convert"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
 sys.path.insert(0, str(REPO))
 
-from tasks.common import paths  # noqa: E402
-from tasks.convert import run_local  # noqa: E402
-from tasks.convert_params import job_from_params  # noqa: E402
+from tasks.common.params import paths  # noqa: E402
+from tasks.convert.stage import run_local  # noqa: E402
+from tasks.convert.job import job_from_params  # noqa: E402
 
 MANIFEST = pa.schema([("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()), ("name", pa.string()),
                       ("source", pa.string()), ("member", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
@@ -148,7 +148,7 @@ def stage(root: Path, out: Path, policy: str, workers: int, row_group_rows: int 
 
 
 def _warm(_: int) -> int:
-    import tasks.convert  # noqa: F401  (imports pyarrow, Pillow)
+    import tasks.convert.stage  # noqa: F401  (imports pyarrow, Pillow)
 
     time.sleep(0.2)  # keep this worker busy so the next warm-up call starts the other one
     return os.getpid()

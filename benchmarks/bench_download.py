@@ -19,9 +19,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks import download as dl  # noqa: E402
+from tasks.acquire import download as dl  # noqa: E402
 from tasks.common import ARCHIVES  # noqa: E402
-from tasks.verify import check_archive  # noqa: E402
+from tasks.acquire.verify import check_archive  # noqa: E402
 from tests.conftest import free_port, wait_http  # noqa: E402
 
 NAME = ARCHIVES["val"]

@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from conftest import copy_project, free_port, wait_http  # noqa: E402  (the tests' project copy, isolated PREFECT_HOME)
 
-from tasks import extract, imagefolder  # noqa: E402
+from tasks.extract import materialize as imagefolder, stage as extract  # noqa: E402
 from tasks.common import ARCHIVES  # noqa: E402
-from tasks.sample import write_sample  # noqa: E402
+from tasks.acquire.sample import write_sample  # noqa: E402
 
 WORK = REPO / "benchmarks" / "_work" / "extract"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"

@@ -37,11 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
-from tasks.common import load_params, write_json  # noqa: E402
-from tasks.convert import run_local  # noqa: E402
-from tasks.convert_params import Job  # noqa: E402
-from tasks.imaging import Policy  # noqa: E402
-from tasks.labels import label_map as make_label_map, shipped_synsets  # noqa: E402
+from tasks.common import write_json
+from tasks.common.params import load_params  # noqa: E402
+from tasks.convert.stage import run_local  # noqa: E402
+from tasks.convert.job import Job  # noqa: E402
+from tasks.convert.imaging import Policy  # noqa: E402
+from tasks.common.synsets import shipped_synsets
+from tasks.extract.classes import label_map as make_label_map  # noqa: E402
 
 
 class RandomResizedCropFlip:

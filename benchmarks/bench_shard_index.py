@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from imagenet_parquet import ParquetImageDataset  # noqa: E402
-from imagenet_parquet.shards import IMAGE_INDEX_KEY  # noqa: E402
-from tasks.common import load_params  # noqa: E402
-from tasks.hf_meta import shard_schema  # noqa: E402
-from tasks.shards import memory_pool, to_table, write_shard, writer_options  # noqa: E402
+from imagenet_parquet.format import IMAGE_INDEX_KEY  # noqa: E402
+from tasks.common.params import load_params  # noqa: E402
+from imagenet_parquet.format import shard_schema  # noqa: E402
+from tasks.convert.writer import memory_pool, to_table, write_shard, writer_options  # noqa: E402
 
 
 def rows_of(files: list[Path]) -> list[dict]:

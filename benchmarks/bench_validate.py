@@ -44,7 +44,7 @@ def _child(mode: str, root: Path) -> None:
 
     import pyarrow.parquet as pq
 
-    from tasks.validate import run_validation
+    from tasks.validate.stage import run_validation
 
     started = time.perf_counter()
     if mode == "validate":

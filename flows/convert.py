@@ -22,10 +22,11 @@ from prefect.futures import as_completed
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.cli import main
-from tasks import convert
-from tasks.common import load_params, paths
-from tasks.convert_params import Job, job_from_params, runner_params
-from tasks.shards import ShardPlan
+from imagenet_parquet.format import FormatError
+from tasks.convert import stage as convert
+from tasks.common.params import load_params, paths
+from tasks.convert.job import Job, job_from_params, runner_params
+from tasks.convert.plan import ShardPlan
 
 _POOL: list[Executor] = []  # the local runner's process pool while a flow runs (tasks are threads of this process)
 
@@ -93,4 +94,4 @@ def run(params_file: str = "params.yaml") -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(run)
+    main(run, user_errors=(FormatError,))

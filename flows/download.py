@@ -9,9 +9,9 @@ from typing import Any
 from prefect import flow, task
 
 from flows.cli import main
-from tasks import download as dl
-from tasks.common import load_params, paths
-from tasks.md5state import CACHE_NAME
+from tasks.acquire import download as dl
+from tasks.common.params import load_params, paths
+from tasks.acquire.md5state import CACHE_NAME
 
 
 def _network_failure(_task: Any, _run: Any, state: Any) -> bool:

@@ -9,8 +9,9 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.cli import main
-from tasks import extract, imagefolder
-from tasks.common import ARCHIVES, load_params, paths
+from tasks.extract import materialize as imagefolder, stage as extract
+from tasks.common import ARCHIVES
+from tasks.common.params import load_params, paths
 
 scan_archive = task(extract.scan_archive_split, name="scan-archive", cache_policy=NO_CACHE)
 scan_folder = task(extract.scan_folder_split_to, name="scan-folder", cache_policy=NO_CACHE)

@@ -19,11 +19,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 from prefect.settings import get_current_settings
 
-from tasks.common import PipelineError, paths
-from tasks.dvc_run import (FAILED, DvcRun, dvc_env, lock_drift, lock_entries, metrics_rows, run_dvc, stage_names,
-                           stage_outcomes)
-from tasks.report import REPORT_MD
-from tasks.run_params import RunParams, apply_params, params_updates, preflight
+from tasks.common import PipelineError
+from tasks.common.params import paths
+from tasks.deploy.dvc_run import dvc_env, DvcRun, FAILED, lock_drift, lock_entries, metrics_rows, run_dvc, stage_names, stage_outcomes
+from tasks.validate.report import REPORT_MD
+from tasks.deploy.run_form import apply_params, params_updates, preflight, RunParams
 
 FLOW_NAME = "imagenet-parquet"
 DEPLOYMENT = "imagenet-pipeline"

@@ -13,8 +13,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.cli import main
-from tasks import contact_sheet, report, validate
-from tasks.common import load_params, paths
+from imagenet_parquet.format import FormatError
+from tasks.validate import contact_sheet, report, stage as validate
+from tasks.common.params import load_params, paths
 
 ARTIFACT_KEYS = {"report": "schema-report", "splits": "split-counts", "classes": "class-counts"}
 METRICS_FILE = "validate.json"
@@ -55,4 +56,4 @@ def validate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(validate_flow)
+    main(validate_flow, user_errors=(FormatError,))

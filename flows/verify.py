@@ -6,9 +6,9 @@ from typing import Any
 from prefect import flow, task
 
 from flows.cli import main
-from tasks import verify as vf
-from tasks.common import load_params, paths
-from tasks.md5state import CACHE_NAME
+from tasks.acquire import verify as vf
+from tasks.common.params import load_params, paths
+from tasks.acquire.md5state import CACHE_NAME
 
 expected_md5s = task(vf.expected_md5s, name="expected-md5s")
 check_archive = task(vf.check_archive, name="check-archive")

@@ -7,19 +7,32 @@ torch.utils.data.Dataset / IterableDataset / Sampler when torch is installed and
 """
 from __future__ import annotations
 
-from typing import Any
-
-from .decode import decode_image
-from .shards import find_shards, load_label_map
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["ParquetImageDataset", "ParquetIterableDataset", "RowGroupSampler", "decode_image", "find_shards",
            "load_label_map", "shuffle_buffer"]
-_LAZY = {"ParquetImageDataset", "ParquetIterableDataset", "RowGroupSampler", "shuffle_buffer"}
+# name -> (module, attribute): nothing is imported until used, so `imagenet_parquet.format` (which the pipeline's
+# convert and validate stages import) loads only itself.
+_LAZY = {
+    "ParquetImageDataset": ("datasets", "ParquetImageDataset"),
+    "ParquetIterableDataset": ("datasets", "ParquetIterableDataset"),
+    "RowGroupSampler": ("datasets", "RowGroupSampler"),
+    "shuffle_buffer": ("datasets", "shuffle_buffer"),
+    "decode_image": ("decode", "decode_image"),
+    "find_shards": ("shards", "find_shards"),
+    "load_label_map": ("format", "read_label_map"),
+}
+
+if TYPE_CHECKING:
+    from .datasets import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, shuffle_buffer
+    from .decode import decode_image
+    from .format import read_label_map as load_label_map
+    from .shards import find_shards
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import datasets
-
-        return getattr(datasets, name)
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
     raise AttributeError(f"module 'imagenet_parquet' has no attribute {name!r}")

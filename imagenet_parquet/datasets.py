@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .partition import rank_range, row_slices, split_range, unit_order
-from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards, load_label_map
+from .format import read_label_map
+from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
 
 try:  # torch is optional: subclass its Dataset types when present so DataLoader/samplers treat us natively
     from torch.utils.data import Dataset as _MapBase, IterableDataset as _IterBase, Sampler as _SamplerBase
@@ -61,7 +62,7 @@ class _ShardedImages:
     def __init__(self, source: Source, split: Optional[str], transform: Optional[Callable],
                  target_transform: Optional[Callable], draft_size: Optional[Size], decode: bool,
                  label_map: Any, cache_row_groups: int):
-        explicit = load_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
+        explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
         self.files = find_shards(source, split)
         self.index = ShardIndex.build(self.files, explicit)
         self.transform = transform

@@ -1,12 +1,10 @@
-"""Shard discovery, the row-group index, the label map from schema metadata, and lazy per-process row-group reads.
+"""Shard discovery, the row-group index and lazy per-process reads (row groups, or one image via the byte index).
 
 Nothing here keeps a file open across pickling: `RowGroupReader` opens `pq.ParquetFile` handles on first use in
 the process that reads (each DataLoader worker), and drops them (and its cache) when pickled or forked.
 """
 from __future__ import annotations
 
-import base64
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -18,10 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .format import decode_image_index, label_map_from_metadata, own_metadata, read_indexed
+
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
-METADATA_KEY = b"imagenet_parquet"
-IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of image.bytes (docs/CONTRACTS.md)
-HF_METADATA_KEY = b"huggingface"
 
 
 def find_shards(source: Source, split: str | None = None) -> list[Path]:
@@ -47,43 +44,13 @@ def find_shards(source: Source, split: str | None = None) -> list[Path]:
     return files
 
 
-def _metadata_json(meta: dict[bytes, bytes] | None, key: bytes) -> dict[str, Any] | None:
-    if not meta or key not in meta:
-        return None
-    return json.loads(meta[key])
-
-
-def label_map_from_metadata(meta: dict[bytes, bytes] | None, where: str | os.PathLike) -> dict[str, Any]:
-    """The label map stored in a shard's schema metadata (`imagenet_parquet` -> `label_map`).
-
-    Falls back to the Hugging Face ClassLabel names (`huggingface` metadata) for shards written by others."""
-    ours = _metadata_json(meta, METADATA_KEY)
-    if ours and isinstance(ours.get("label_map"), dict):
-        return ours["label_map"]
-    hf = _metadata_json(meta, HF_METADATA_KEY)
-    names = (((hf or {}).get("info") or {}).get("features") or {}).get("label", {}).get("names")
-    if names:
-        return {"num_classes": len(names), "label_source": "huggingface",
-                "classes": [{"label": i, "name": n} for i, n in enumerate(names)]}
-    raise ValueError(
-        f"{where}: expected schema metadata '{METADATA_KEY.decode()}' with a 'label_map' (or Hugging Face "
-        f"ClassLabel names), found keys {sorted(k.decode() for k in (meta or {}))}; pass label_map= explicitly "
-        "(e.g. data/label_map.json)")
-
-
 def _own_label_map(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
-    ours = _metadata_json(meta, METADATA_KEY)
+    ours = own_metadata(meta)
     return ours.get("label_map") if ours else None
 
 
 def _label_keys(label_map: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     return sorted((c.get("label"), c.get("wnid"), c.get("name")) for c in label_map.get("classes", []))
-
-
-def load_label_map(path: str | os.PathLike) -> dict[str, Any]:
-    """Read `data/label_map.json` (docs/CONTRACTS.md)."""
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
 
 
 @dataclass(frozen=True)
@@ -202,28 +169,6 @@ class RowGroupReader:
             self._reset()
         pf = self._file(int(self.index.file_of[unit]))
         return pf.read_row_group(int(self.index.group_of[unit]), columns=self.columns, use_threads=False)
-
-
-def decode_image_index(meta: dict[bytes, bytes] | None, rows: int, where: str | os.PathLike) -> np.ndarray | None:
-    """The footer's per-row (offset, size) array (shape rows x 2, int64), or None when the shard has none."""
-    value = (meta or {}).get(IMAGE_INDEX_KEY.encode())
-    if value is None:
-        return None
-    index = np.frombuffer(base64.b64decode(value), dtype="<i8").reshape(-1, 2)
-    if len(index) != rows:
-        raise ValueError(f"{where}: expected {rows} entries in the footer's {IMAGE_INDEX_KEY}, found {len(index)}; "
-                         "the shard was altered after conversion — re-run the convert stage")
-    return index
-
-
-def read_indexed(fd: int, entry: np.ndarray, where: str | os.PathLike) -> bytes:
-    """One image through the byte index: a single pread of the length prefix plus the bytes, prefix checked."""
-    offset, size = int(entry[0]), int(entry[1])
-    data = os.pread(fd, size + 4, offset - 4)
-    if len(data) != size + 4 or int.from_bytes(data[:4], "little") != size:
-        raise ValueError(f"{where}: expected a {size}-byte image value at offset {offset} (footer "
-                         f"{IMAGE_INDEX_KEY}), found other bytes; the shard was altered — re-run the convert stage")
-    return data[4:]
 
 
 class IndexedReader:

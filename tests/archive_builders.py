@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import scipy.io
 
-from tasks import extract, imagefolder
+from tasks.extract import materialize as imagefolder, stage as extract
 from tasks.common import ARCHIVES
-from tasks.labels import shipped_synsets
+from tasks.common.synsets import shipped_synsets
 
 Member = tuple[str, bytes] | tarfile.TarInfo  # (name, data) or a ready TarInfo (links, devices, ...)
 

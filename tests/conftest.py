@@ -85,7 +85,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def sample_release(tmp_path_factory) -> Path:
     """The built-in sample (default size), written once per session: the three archives + sample_md5.tsv."""
-    from tasks.sample import write_sample
+    from tasks.acquire.sample import write_sample
 
     out = tmp_path_factory.mktemp("sample-release")
     write_sample(out)

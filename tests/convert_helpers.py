@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import scipy.io
 from PIL import Image
 
-from tasks.common import ARCHIVES, paths
-from tasks.convert_params import Job, job_from_params
+from tasks.common import ARCHIVES
+from tasks.common.params import paths
+from tasks.convert.job import Job, job_from_params
 
 MANIFEST_SCHEMA = pa.schema([("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()),
                              ("name", pa.string()), ("source", pa.string()), ("member", pa.string()),

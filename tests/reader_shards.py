@@ -1,7 +1,7 @@
 """Test helper: tiny Parquet shards in the contract schema (docs/CONTRACTS.md), with self-identifying images.
 
 Image i (global row index in shard order) is a solid colour encoding i, so a decoded sample says which row it
-came from (`identify`). Schema and metadata come from `tasks.hf_meta.shard_schema` (the convert stage's own)."""
+came from (`identify`). Schema and metadata come from `imagenet_parquet.format.shard_schema` (the convert stage's own)."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from tasks.hf_meta import UNCOMPRESSED_COLUMNS, shard_schema
+from imagenet_parquet.format import shard_schema, UNCOMPRESSED_COLUMNS
 
 
 def label_map(classes: int) -> dict:

@@ -18,8 +18,8 @@ from PIL import Image, ImageStat
 from convert_helpers import (REPO, flat_dataset, jpeg, make_job, noisy_jpeg, read_rows, sample_dataset,
                              shard_bytes)
 from tasks.common import PipelineError
-from tasks.convert import prepare, run_local
-from tasks.imaging import TRANSFORM_PATTERN
+from tasks.convert.stage import prepare, run_local
+from imagenet_parquet.format import TRANSFORM_PATTERN
 
 
 def _decode(data: bytes) -> Image.Image:
@@ -254,13 +254,13 @@ def test_missing_inputs_fail_clearly(tmp_path):
 
 
 def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypatch):
-    import tasks.shards
+    import tasks.convert.writer
 
     _dataset(tmp_path)
     job = make_job(tmp_path, row_group_rows=100)
     run_local(job, progress=False)
     whole = read_rows(job)
-    monkeypatch.setattr(tasks.shards, "ROW_GROUP_MAX_BYTES", 20_000)
+    monkeypatch.setattr(tasks.convert.writer, "ROW_GROUP_MAX_BYTES", 20_000)
     job = make_job(tmp_path, row_group_rows=99)  # another plan key: the shard is rewritten
     run_local(job, progress=False)
     shard = pq.ParquetFile(next((job.parquet / "train").glob("*.parquet")))
@@ -270,7 +270,7 @@ def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypa
 
 
 def test_plan_cuts_by_target_bytes_from_sizes_alone():
-    from tasks.shards import plan_ranges
+    from tasks.convert.plan import plan_ranges
 
     assert plan_ranges([10] * 10, 30) == [(0, 3, 30), (3, 5, 20), (5, 8, 30), (8, 10, 20)]  # balanced, not 30+30+30+10
     assert plan_ranges([5, 5, 5, 20, 1], 10) == [(0, 2, 10), (2, 4, 25), (4, 5, 1)]  # a big row may overfill one

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from convert_helpers import REPO, flat_dataset, jpeg, make_job, noisy_jpeg, shard_bytes
-from tasks.convert import run_local
+from tasks.convert.stage import run_local
 
 
 def _project(root: Path, **convert) -> Path:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import copy_project
 
-from tasks.dvc_run import FAILED, RAN, SKIPPED
+from tasks.deploy.dvc_run import FAILED, RAN, SKIPPED
 
 # Stand-in stages: each prints to stdout and stderr and writes small outputs from its params section;
 # validate fails when convert.quality < 20, naming the failed check, as the real validate stage does.

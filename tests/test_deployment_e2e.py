@@ -7,10 +7,10 @@ import datetime
 import pytest
 from test_deployment import _artifacts, _client, _logs, _outcomes, _run, _table, serving
 
-from tasks.common import paths
-from tasks.dvc_run import RAN, stage_names
-from tasks.report import REPORT_MD
-from tasks.run_params import RunParams
+from tasks.common.params import paths
+from tasks.deploy.dvc_run import RAN, stage_names
+from tasks.validate.report import REPORT_MD
+from tasks.deploy.run_form import RunParams
 
 
 @pytest.mark.slow

@@ -13,9 +13,8 @@ import yaml
 from pydantic import ValidationError
 
 from tasks.common import PipelineError
-from tasks.dvc_run import FAILED, NOT_REACHED, RAN, SKIPPED, DvcRun, lock_drift, metrics_rows, stage_outcomes, \
-    stream_lines
-from tasks.run_params import RunParams, apply_params, params_updates, preflight
+from tasks.deploy.dvc_run import DvcRun, FAILED, lock_drift, metrics_rows, NOT_REACHED, RAN, SKIPPED, stage_outcomes, stream_lines
+from tasks.deploy.run_form import apply_params, params_updates, preflight, RunParams
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks import download as dl
-from tasks import fetch
-from tasks import md5state
+from tasks.acquire import download as dl
+from tasks.acquire import fetch
+from tasks.acquire import md5state
 from tasks.common import ARCHIVES, PipelineError
-from tasks.verify import check_archive, expected_md5s, write_verify_json
+from tasks.acquire.verify import check_archive, expected_md5s, write_verify_json
 from tests.conftest import free_port
 from tests.rangeserver import RangeServer
 
@@ -223,7 +223,7 @@ def test_verify_reuses_the_streamed_md5_and_rehashes_a_changed_file(server, payl
         return real_compute(path, *args, **kwargs)
 
     counting.calls = []
-    monkeypatch.setattr("tasks.verify.compute_md5", counting)
+    monkeypatch.setattr("tasks.acquire.verify.compute_md5", counting)
     result = check_archive(NAME, raw, record["md5"], cache, "custom", progress=False)
     assert result["md5_from"] == f"download {server.url}/{NAME}" and counting.calls == []
     os.utime(raw / NAME, ns=(1, 1))  # touched: no longer provably the bytes that were hashed

@@ -10,9 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from archive_builders import manifest, run_extract, small_release, write_release
 
-from tasks import extract, labels
+from tasks.extract import classes as labels, stage as extract
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError
-from tasks.devkit import read_label_csv
+from tasks.extract.devkit import read_label_csv
+from tasks.common.layout import MANIFEST_SCHEMA
+from tasks.common.synsets import shipped_synsets
 
 
 def tarfile_bytes(archive: Path, member: str) -> bytes:
@@ -56,7 +58,7 @@ def test_outputs_deterministic_and_schema(tmp_path):
     for rel in ("manifests/train.parquet", "manifests/val.parquet", "manifests/extract_report.json", "label_map.json"):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
     schema = pq.read_schema(tmp_path / "a" / "manifests" / "train.parquet")
-    assert schema.remove_metadata() == extract.MANIFEST_SCHEMA
+    assert schema.remove_metadata() == MANIFEST_SCHEMA
     row = manifest(tmp_path / "a", "train")[0]
     assert row["source"] == "../raw/ILSVRC2012_img_train.tar" or Path(row["source"]).is_absolute()
     assert row["member"] == "n01440764.tar/n01440764_1.JPEG"
@@ -167,7 +169,7 @@ def test_bad_class_list_param_fails_early(tmp_path):
 
 
 def test_unique_names_over_the_full_1000():
-    names = labels.unique_names(labels.shipped_synsets())
+    names = labels.unique_names(shipped_synsets())
     assert names["n02012849"] == "crane (n02012849)" and names["n03126707"] == "crane (n03126707)"
     assert names["n03710637"] == "maillot (n03710637)" and names["n01440764"] == "tench"
     assert len(set(names.values())) == 1000
@@ -238,7 +240,7 @@ def test_folder_mode_unknown_wnid_fails(tmp_path):
 @pytest.mark.real_data
 def test_real_val_ground_truth_csv_and_cmc_list(shared_data):
     mapping = read_label_csv(shared_data / "imagenet" / "val_ground_truth.csv")
-    synsets = labels.shipped_synsets()
+    synsets = shipped_synsets()
     assert len(mapping) == 50_000 and set(mapping.values()) == set(synsets)
     assert sorted(mapping)[0] == "ILSVRC2012_val_00000001.JPEG"
     cmc = labels.read_class_list(shared_data / "imagenet" / "imagenet100_cmc.txt")

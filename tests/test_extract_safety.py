@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from archive_builders import image_bytes, run_extract, small_release, special, tar_bytes
 
-from tasks import imagefolder
+from tasks.extract import materialize as imagefolder
 from tasks.common import ARCHIVES, PipelineError
 
 ESCAPE = f"/tmp/escape-{uuid.uuid4().hex}"  # where an absolute member would land if it were extracted

@@ -12,11 +12,12 @@ from validate_fixtures import make_dataset, validate_params
 
 from convert_helpers import make_job, sample_dataset
 from imagenet_parquet import ParquetImageDataset
-from imagenet_parquet.shards import IMAGE_INDEX_KEY, IndexedReader, decode_image_index
+from imagenet_parquet.format import decode_image_index, IMAGE_INDEX_KEY
+from imagenet_parquet.shards import IndexedReader
 from reader_shards import write_shards
-from tasks import shards as shard_module
-from tasks.convert import run_local
-from tasks.validate import run_validation
+from tasks.convert import writer as shard_module
+from tasks.convert.stage import run_local
+from tasks.validate.stage import run_validation
 
 
 def _reference(files: list[Path]) -> list[tuple[bytes, int]]:

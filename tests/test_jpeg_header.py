@@ -8,8 +8,8 @@ import pytest
 from PIL import Image
 
 from convert_helpers import jpeg, noisy_jpeg
-from tasks.imaging import BadImage, Policy, encode_image
-from tasks.jpeg_header import read_header
+from tasks.convert.imaging import BadImage, encode_image, Policy
+from tasks.convert.jpeg_header import read_header
 
 
 def _pillow_view(data: bytes) -> tuple[int, int, int, int]:

@@ -15,7 +15,8 @@ import scipy.io
 from PIL import Image
 
 from tasks.common import ARCHIVES
-from tasks.sample import load_synsets, write_sample
+from tasks.acquire.sample import write_sample
+from tasks.common.synsets import load_synsets
 
 
 def _md5(path: Path) -> str:
@@ -89,7 +90,7 @@ def test_quirks_present(sample_release: Path):
 
 def test_byte_identical_across_runs_and_seed_matters(tmp_path: Path):
     first = write_sample(tmp_path / "a", classes=3, train_per_class=4, val_per_class=2, seed=7)
-    cmd = [sys.executable, "-m", "tasks.sample", str(tmp_path / "b"), "--classes", "3", "--train-per-class", "4",
+    cmd = [sys.executable, "-m", "tasks.acquire.sample", str(tmp_path / "b"), "--classes", "3", "--train-per-class", "4",
            "--val-per-class", "2", "--seed", "7"]
     subprocess.run(cmd, check=True, capture_output=True)
     for name in [*ARCHIVES.values(), "sample_md5.tsv"]:

@@ -13,10 +13,10 @@ from PIL import Image
 from validate_fixtures import Dataset, make_dataset, set_bytes, validate_params
 
 from tasks.common import PipelineError
-from tasks.hf_meta import shard_schema
-from tasks.contact_sheet import shown_labels, write_contact_sheet
-from tasks.report import REPORT_JSON, REPORT_MD, write_reports
-from tasks.validate import raise_if_failed, run_validation
+from imagenet_parquet.format import shard_schema
+from tasks.validate.contact_sheet import shown_labels, write_contact_sheet
+from tasks.validate.report import REPORT_JSON, REPORT_MD, write_reports
+from tasks.validate.stage import raise_if_failed, run_validation
 
 
 def _run(ds: Dataset, **params: Any) -> dict[str, Any]:

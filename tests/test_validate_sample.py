@@ -7,12 +7,14 @@ from pathlib import Path
 import yaml
 from PIL import Image
 
-from tasks import convert, extract
-from tasks.common import ARCHIVES, paths
-from tasks.contact_sheet import write_contact_sheet
-from tasks.convert_params import job_from_params
-from tasks.report import write_reports
-from tasks.validate import raise_if_failed, run_validation
+from tasks.convert import stage as convert
+from tasks.extract import stage as extract
+from tasks.common import ARCHIVES
+from tasks.common.params import paths
+from tasks.validate.contact_sheet import write_contact_sheet
+from tasks.convert.job import job_from_params
+from tasks.validate.report import write_reports
+from tasks.validate.stage import raise_if_failed, run_validation
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, UnidentifiedImageError
 
-from tasks.extract import MANIFEST_SCHEMA
-from tasks.hf_meta import shard_schema
-from tasks.sample import load_synsets
+from tasks.common.layout import MANIFEST_SCHEMA
+from imagenet_parquet.format import shard_schema
+from tasks.common.synsets import load_synsets
 
 SOURCES = {"train": "data/raw/ILSVRC2012_img_train.tar", "val": "data/raw/ILSVRC2012_img_val.tar"}
 PARAMS = {"train_count": [1, 1300], "val_count": [1, 50], "decode_sample": "all", "leakage_max_pairs": 0,

@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tasks.checks import CheckResult, example_rows, passed
-from tasks.parquet_scan import SPLITS
+from tasks.validate.checks import CheckResult, example_rows, passed
+from tasks.common import SPLITS
 
 
 def class_table(meta: pd.DataFrame, label_map: dict[str, Any]) -> pd.DataFrame:

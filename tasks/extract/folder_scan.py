@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from tasks.common import PipelineError
-from tasks.labels import WNID
-from tasks.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, report
+from tasks.common.synsets import WNID
+from tasks.extract.tarindex import collisions, is_image, is_utf8, NOT_IMAGE, NOT_UTF8, report
 
 Row = dict[str, object]
 

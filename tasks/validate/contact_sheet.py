@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from tasks.common import atomic_path
-from tasks.hf_meta import read_label_map
-from tasks.parquet_scan import SPLITS, iter_row_groups, list_shards
+from imagenet_parquet.format import read_label_map
+from tasks.common import SPLITS
+from tasks.validate.scan import iter_row_groups, list_shards
 
 THUMB = 72  # thumbnail box, px
 CELL = THUMB + 4

@@ -11,12 +11,10 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from tasks.jpeg_header import read_header
+from tasks.convert.jpeg_header import read_header
 
 ORIENTATION_TAG = 0x0112
-# Every `transform` value is `none` or these steps joined by `+` (validate checks shards against it).
-TRANSFORM_STEP_PATTERN = r"[a-z0-9]+_to_jpeg|cmyk_to_rgb|to_rgb|exif_transpose|resize_[0-9]+|reencode_q[0-9]+"
-TRANSFORM_PATTERN = rf"^(none|({TRANSFORM_STEP_PATTERN})(\+({TRANSFORM_STEP_PATTERN}))*)$"
+# Steps are named in the vocabulary of imagenet_parquet.format.TRANSFORM_PATTERN (validate checks shards against it).
 PASSTHROUGH_MODES = ("RGB", "L")  # JPEG modes every loader reads as-is (L: grayscale)
 
 

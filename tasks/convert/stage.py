@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from tasks.common import PipelineError, atomic_path, dumps_json, write_json
-from tasks.convert_params import SPLITS, Job
-from tasks.hf_meta import class_names, read_label_map, shard_schema
-from tasks.imaging import BadImage, encode_image
-from tasks.shards import (ShardPlan, finished_stats, plan_split, read_exact, remove_stale,
-                          write_shard)
+from tasks.common import SPLITS
+from tasks.common.layout import BAD_IMAGES
+from tasks.convert.job import Job
+from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map, shard_schema
+from tasks.convert.imaging import BadImage, encode_image
+from tasks.convert.plan import finished_stats, plan_split, remove_stale, ShardPlan
+from tasks.convert.writer import write_shard
 
-FORMAT_VERSION = 2  # bump when the bytes written for the same inputs change (2: footer byte index)
 MANIFEST_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]
-BAD_IMAGES = "bad_images.jsonl"
 
 
 def prepare(job: Job) -> list[ShardPlan]:
@@ -254,3 +254,11 @@ def _check_bad_fraction(job: Job, metrics: dict[str, Any]) -> None:
                 f"in split '{split}', found {s['bad_images']} of {total} ({fraction:.4%}); inspect the reasons "
                 "in that file, fix or drop the sources, or raise `convert.max_bad_fraction` in params.yaml")
 
+
+def read_exact(fd: int, size: int, offset: int, source: str) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise PipelineError(
+            f"{source}: expected {size} bytes at offset {offset} (from the manifest), found {len(data)}; the "
+            "archive changed after extraction — re-run `dvc repro` from the verify stage")
+    return data

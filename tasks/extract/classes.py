@@ -2,36 +2,14 @@
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tasks.common import DATA_DIR, PipelineError
+from tasks.common.synsets import WNID, Synset, shipped_synsets
 
-WNID = re.compile(r"^n\d{8}$")
 SUBSETS = {"imagenet100": DATA_DIR / "imagenet100_cmc.txt"}  # named subsets the project ships
-
-
-@dataclass(frozen=True)
-class Synset:
-    wnid: str
-    words: str
-    ilsvrc2012_id: int | None = None
-
-    @property
-    def first_synonym(self) -> str:
-        return self.words.split(",")[0].strip()
-
-
-def shipped_synsets(path: Path = DATA_DIR / "synsets.tsv") -> dict[str, Synset]:
-    """The 1000 ILSVRC2012 classes (wnid → Synset without IDs) from the table the project ships."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if not lines or lines[0] != "wnid\twords":
-        raise PipelineError(f"{path}: expected a header 'wnid<TAB>words', found {lines[:1]}; restore the file")
-    rows = (line.split("\t", 1) for line in lines[1:] if line)
-    return {wnid: Synset(wnid, words) for wnid, words in rows}
 
 
 def unique_names(catalog: dict[str, Synset]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Validate stage: schema and label checks over the Parquet shards, with reports a reviewer reads.
 
 `run_validation` reads the inputs (docs/CONTRACTS.md), runs every check and returns the report dict;
-`write_reports` (tasks.report) and `write_contact_sheet` (tasks.contact_sheet) write the outputs;
+`write_reports` (tasks.validate.report) and `write_contact_sheet` (tasks.validate.contact_sheet) write the outputs;
 `raise_if_failed` ends the stage with a short summary when a check failed — after the reports are written."""
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tasks.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
+from tasks.validate.checks import CheckResult, DESCRIPTIONS, pandera_checks, row_failures, shard_schema_check
 from tasks.common import PipelineError
-from tasks.convert import BAD_IMAGES
-from tasks.dataset_checks import (class_count_check, class_set_check, class_table, count_summary, leakage_check,
-                                  manifest_check, manifest_label_check)
-from tasks.hf_meta import COLUMNS, read_label_map
-from tasks.parquet_scan import SPLITS, ByteFindings, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
-from tasks.report import build_report, failure_summary
+from tasks.common.layout import BAD_IMAGES
+from tasks.validate.dataset_checks import class_count_check, class_set_check, class_table, count_summary, leakage_check, manifest_check, manifest_label_check
+from imagenet_parquet.format import COLUMNS, read_label_map
+from tasks.common import SPLITS
+from tasks.validate.scan import ByteFindings, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
+from tasks.validate.report import build_report, failure_summary
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
 
@@ -64,7 +64,7 @@ def check_params(params: dict[str, Any]) -> None:
 
 def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map_path: str | Path,
                    params: dict[str, Any]) -> dict[str, Any]:
-    """Every check over the dataset; returns the report dict (see tasks.report.build_report)."""
+    """Every check over the dataset; returns the report dict (see tasks.validate.report.build_report)."""
     check_params(params)
     label_map = read_label_map(label_map_path)
     manifests = load_manifests(manifests_dir)

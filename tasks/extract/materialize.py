@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from tasks.common import SPLITS, PipelineError, atomic_path
-from tasks.tarindex import TAR_ENCODING, open_tar, safe_members
+from tasks.extract.tarindex import open_tar, safe_members, TAR_ENCODING
 
 CLASS_TAR_PREFIX = re.compile(r"^(.*?n\d{8}\.tar)/")  # `<...>/n01440764.tar/<image>` → the class tar member
 Targets = dict[tuple[str, int], str]  # (member path, offset in the archive) → relative target path

@@ -16,8 +16,8 @@ import numpy as np
 import scipy.io
 
 from tasks.common import PipelineError
-from tasks.labels import WNID, Synset
-from tasks.tarindex import open_tar, safe_members
+from tasks.common.synsets import Synset, WNID
+from tasks.extract.tarindex import open_tar, safe_members
 
 META = "meta.mat"
 GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"

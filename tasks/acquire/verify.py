@@ -1,7 +1,7 @@
 """verify stage: every raw archive against the official MD5 table (or the built-in sample's own table).
 
 An MD5 computed while downloading, or by an earlier verify / DVC, is reused when the file is unchanged since
-(size, mtime_ns, inode — see tasks.md5state); otherwise the file is read once. A mismatch moves the file aside
+(size, mtime_ns, inode — see tasks.acquire.md5state); otherwise the file is read once. A mismatch moves the file aside
 to `<name>.corrupt` (so nothing downstream can read it) and fails with the file, both MD5s and what to do.
 `verify.json` is written only when every archive matched."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
-from tasks.md5state import cached_md5, compute_md5, forget_md5, remember_md5
-from tasks.sample import MD5_TABLE
+from tasks.acquire.md5state import cached_md5, compute_md5, forget_md5, remember_md5
+from tasks.acquire.sample import MD5_TABLE
 
 OFFICIAL_TABLE = DATA_DIR / "official_md5.tsv"
 

@@ -4,7 +4,7 @@ Nothing is copied: a manifest row says where an image's bytes lie (`source`, `of
 is one `pread` from the verified archive. Steps (each a Prefect task in flows/extract.py):
 `scan_archive_split` / `scan_folder_split_to` write a staging index per split under `<work>/extract/`;
 `finalize` labels val, applies the class subset, checks train/val agree and writes the outputs of
-docs/CONTRACTS.md; `tasks.imagefolder.materialize` optionally writes an ImageFolder tree."""
+docs/CONTRACTS.md; `tasks.extract.materialize` optionally writes an ImageFolder tree."""
 from __future__ import annotations
 
 import json
@@ -17,17 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks import devkit as dk
-from tasks import labels
+from tasks.extract import devkit as dk
+from tasks.extract import classes as labels
 from tasks.common import SPLITS, PipelineError, atomic_path, write_json
-from tasks.folder import scan_folder_split, source_path
-from tasks.tarindex import index_nested, index_tar
+from tasks.common.layout import MANIFEST_SCHEMA
+from tasks.common.synsets import Synset, shipped_synsets
+from tasks.extract.folder_scan import scan_folder_split, source_path
+from tasks.extract.tarindex import index_nested, index_tar
 
 log = logging.getLogger(__name__)
-MANIFEST_SCHEMA = pa.schema([
-    ("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()), ("name", pa.string()),
-    ("source", pa.string()), ("member", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
-])
 STAGING_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name not in ("split", "label")])
 SORT_KEYS = [(key, "ascending") for key in ("wnid", "name", "source", "member", "offset")]
 
@@ -80,12 +78,12 @@ def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, An
 
 
 def _label_val(val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None
-               ) -> tuple[pa.Table, dict[str, labels.Synset], str, str]:
+               ) -> tuple[pa.Table, dict[str, Synset], str, str]:
     """Archives mode: give every val row its wnid; return (val, catalog, catalog name, label source)."""
     names = val.column("name").to_pylist()
     devkit = dk.read_devkit(devkit_path) if devkit_path and (val_labels == "devkit" or devkit_path.exists()) else None
-    catalog = devkit.leaves if devkit else labels.shipped_synsets()
-    catalog_name = f"{devkit_path}:{dk.META}" if devkit else "tasks/data/synsets.tsv"
+    catalog = devkit.leaves if devkit else shipped_synsets()
+    catalog_name = f"{devkit_path}:{dk.META}" if devkit else "tasks/common/data/synsets.tsv"
     if val_labels == "devkit":
         mapping = dk.labels_from_devkit(devkit, names, f"{devkit_path}:{dk.GROUND_TRUTH}")  # type: ignore[arg-type]
     else:
@@ -120,7 +118,7 @@ def finalize(staging_dir: str | os.PathLike, manifests_dir: str | os.PathLike, l
     reported = [item for split in SPLITS for item in staging[split][1]["reported"]]
     _log_reported(reported)
     if mode == "folder":
-        catalog, catalog_name, label_source = labels.shipped_synsets(), "tasks/data/synsets.tsv", "folder"
+        catalog, catalog_name, label_source = shipped_synsets(), "tasks/common/data/synsets.tsv", "folder"
     else:
         tables["val"], catalog, catalog_name, label_source = _label_val(
             tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None)

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from imagenet_parquet.shards import IMAGE_INDEX_KEY, decode_image_index, read_indexed
+from imagenet_parquet.format import decode_image_index, IMAGE_INDEX_KEY, read_indexed
 from tasks.common import PipelineError
 from tasks.common import SPLITS
-from tasks.hf_meta import SMALL_COLUMNS
+from imagenet_parquet.format import SMALL_COLUMNS
 
 JPEG_SOI = b"\xff\xd8"
 

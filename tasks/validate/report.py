@@ -8,12 +8,12 @@ from typing import Any
 
 import pandas as pd
 
-from tasks.checks import CheckResult
+from tasks.validate.checks import CheckResult
 from tasks.common import atomic_path, write_json
-from tasks.hf_meta import FIELDS
-from tasks.parquet_scan import SPLITS
+from imagenet_parquet.format import FIELDS
+from tasks.common import SPLITS
+from tasks.common.layout import REPORT_MD
 
-REPORT_MD = "schema_report.md"
 REPORT_JSON = "schema_report.json"
 CLASS_COUNTS_CSV = "class_counts.csv"
 CONTACT_SHEET = "contact_sheet.png"

@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 import pandera.pandas as pa
 
-from tasks.hf_meta import FIELDS, HASH_ALGORITHM, hf_features
-from tasks.imaging import TRANSFORM_PATTERN
+from imagenet_parquet.format import FIELDS, HASH_ALGORITHM, hf_features
+from imagenet_parquet.format import TRANSFORM_PATTERN
 
 DESCRIPTIONS = {
     "shard_schema": "every shard has the contract's columns, in order, with the contract's Arrow types",

@@ -21,8 +21,8 @@ import scipy.io
 from PIL import Image, ImageDraw
 
 from tasks.common import ARCHIVES, atomic_path
-from tasks.labels import shipped_synsets
-from tasks.md5state import compute_md5
+from tasks.acquire.md5state import compute_md5
+from tasks.common.synsets import load_synsets
 
 MTIME = 1_335_000_000  # fixed member mtime (April 2012, like the real release)
 MD5_TABLE = "sample_md5.tsv"
@@ -32,11 +32,6 @@ META_FIELDS = ("ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "child
 TRAIN_QUIRKS = ("cmyk", "gray", "png", "exif_rotated")
 VAL_QUIRKS = ("gray", "cmyk")
 ANIMALS_END = "n02666196"  # first non-animal leaf wnid (abacus): splits the sample's two internal nodes
-
-
-def load_synsets() -> list[tuple[str, str]]:
-    """(wnid, words) of the 1000 ILSVRC2012 classes, in wnid order, from the shipped table."""
-    return [(s.wnid, s.words) for s in shipped_synsets().values()]
 
 
 # ---------------------------------------------------------------- images
@@ -249,7 +244,7 @@ def write_sample(out_dir: str | Path, classes: int = 10, train_per_class: int = 
 
 
 def _cli(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tasks.sample", description=write_sample.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tasks.acquire.sample", description=write_sample.__doc__)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--train-per-class", type=int, default=20)

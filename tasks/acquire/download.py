@@ -2,7 +2,7 @@
 
 Sources (params.yaml `download:`): `sample` (the built-in sample), a local path or `file://` URL (hard-linked
 when on the same filesystem, else symlinked — a 138 GB archive is never copied), `http(s)://` and any fsspec
-URL such as `s3://` (streamed by tasks.fetch: resumable, retried, MD5 while streaming). Free disk space is
+URL such as `s3://` (streamed by tasks.acquire.fetch: resumable, retried, MD5 while streaming). Free disk space is
 checked against what is still to fetch before anything is written. `download.json` records, per archive, the
 source (credentials redacted), size, MD5 when it was computed on the way in, and how the file was obtained."""
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
-from tasks.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
-from tasks.md5state import cached_md5, remember_md5
-from tasks.sample import MD5_TABLE, write_sample
+from tasks.acquire.fetch import FetchOptions, kind, part_path, redact, remote_size, resumable_download, RetryableError
+from tasks.acquire.md5state import cached_md5, remember_md5
+from tasks.acquire.sample import MD5_TABLE, write_sample
 
 __all__ = ["FetchOptions", "RetryableError", "archive_sources", "check_free_space", "check_local_sources",
            "fetch_archive", "fetch_sample", "link_local", "space_needed", "write_download_json"]

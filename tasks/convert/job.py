@@ -10,7 +10,7 @@ from typing import Any
 
 from tasks.common import PipelineError
 from tasks.common import SPLITS
-from tasks.imaging import Policy
+from tasks.convert.imaging import Policy
 
 POLICIES = ("passthrough", "reencode")
 EXIF_POLICIES = ("keep", "transpose")

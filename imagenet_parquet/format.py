@@ -1,0 +1,171 @@
+"""The Parquet shard format: the one contract the convert stage (writer) and the reader share.
+
+Columns and Arrow types, the schema metadata (`huggingface` features and the project's own `imagenet_parquet`
+key), the `transform` vocabulary, the per-row byte index in the footer (encode and decode), and reading the label
+map (from `label_map.json` or from a shard's metadata). Needs only pyarrow and numpy. Described in words in
+docs/CONTRACTS.md; bump `FORMAT_VERSION` when the bytes written for the same inputs change."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+FORMAT_VERSION = 2  # 2: footer byte index
+HASH_ALGORITHM = "sha256"
+IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # the Hugging Face Image layout
+FIELDS: list[tuple[str, pa.DataType]] = [
+    ("image", IMAGE_TYPE),
+    ("label", pa.int64()),
+    ("wnid", pa.string()),
+    ("label_name", pa.string()),
+    ("width", pa.int32()),
+    ("height", pa.int32()),
+    ("source_format", pa.string()),
+    ("transform", pa.string()),
+    ("exif_orientation", pa.int8()),
+    (HASH_ALGORITHM, pa.string()),
+]
+COLUMNS = [name for name, _ in FIELDS]
+# Parquet column paths (nested image columns are dotted): JPEG bytes are stored PLAIN and uncompressed (the byte
+# index relies on it), the rest is compressed.
+UNCOMPRESSED_COLUMNS = ["image.bytes"]
+SMALL_COLUMNS = ["image.path", *COLUMNS[1:]]
+METADATA_KEY = b"imagenet_parquet"
+HF_METADATA_KEY = b"huggingface"
+IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of image.bytes, in the footer
+# Every `transform` value is `none` or these steps joined by `+`.
+TRANSFORM_STEP_PATTERN = r"[a-z0-9]+_to_jpeg|cmyk_to_rgb|to_rgb|exif_transpose|resize_[0-9]+|reencode_q[0-9]+"
+TRANSFORM_PATTERN = rf"^(none|({TRANSFORM_STEP_PATTERN})(\+({TRANSFORM_STEP_PATTERN}))*)$"
+_VALUE_DTYPES = {pa.int8(): "int8", pa.int32(): "int32", pa.int64(): "int64", pa.string(): "string"}
+
+
+class FormatError(ValueError):
+    """Data that breaks the format; the message names the file, what was expected, what was found, what to do."""
+
+
+# ---------------------------------------------------------------- label map
+def class_names(label_map: dict[str, Any]) -> list[str]:
+    """ClassLabel names in label order (label map `name`), checked to be 0..K-1 and unique."""
+    classes = label_map.get("classes") or []
+    labels = [c.get("label") for c in classes]
+    if labels != list(range(len(classes))) or len(classes) != label_map.get("num_classes"):
+        raise FormatError(
+            "label map: expected `classes` with labels 0..num_classes-1 in order, found labels "
+            f"{labels[:5]}... for num_classes={label_map.get('num_classes')}; re-run the extract stage"
+        )
+    names = [c["name"] for c in classes]
+    if len(set(names)) != len(names):
+        raise FormatError("label map: expected unique class names (ClassLabel), found duplicates; re-run the extract stage")
+    return names
+
+
+def read_label_map(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """`data/label_map.json` (written by the extract stage), checked to hold labels 0..K-1 with unique names."""
+    path = Path(path)
+    if not path.is_file():
+        raise FormatError(
+            f"{path}: expected the label map written by the extract stage, found no file; run `dvc repro extract` "
+            "(or `dvc pull data/label_map.json`)"
+        )
+    try:
+        label_map = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise FormatError(f"{path}: expected the label map JSON, found: {err}; re-run the extract stage") from None
+    class_names(label_map)
+    return label_map
+
+
+def _metadata_json(meta: dict[bytes, bytes] | None, key: bytes) -> dict[str, Any] | None:
+    if not meta or key not in meta:
+        return None
+    value: dict[str, Any] = json.loads(meta[key])
+    return value
+
+
+def own_metadata(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
+    """The project's `imagenet_parquet` schema metadata (label map, convert params, split), when present."""
+    return _metadata_json(meta, METADATA_KEY)
+
+
+def label_map_from_metadata(meta: dict[bytes, bytes] | None, where: str | os.PathLike[str]) -> dict[str, Any]:
+    """The label map stored in a shard's schema metadata (`imagenet_parquet` -> `label_map`).
+
+    Falls back to the Hugging Face ClassLabel names (`huggingface` metadata) for shards written by others."""
+    ours = own_metadata(meta)
+    if ours and isinstance(ours.get("label_map"), dict):
+        label_map: dict[str, Any] = ours["label_map"]
+        return label_map
+    hf = _metadata_json(meta, HF_METADATA_KEY)
+    names = (((hf or {}).get("info") or {}).get("features") or {}).get("label", {}).get("names")
+    if names:
+        return {
+            "num_classes": len(names),
+            "label_source": "huggingface",
+            "classes": [{"label": i, "name": n} for i, n in enumerate(names)],
+        }
+    raise FormatError(
+        f"{where}: expected schema metadata '{METADATA_KEY.decode()}' with a 'label_map' (or Hugging Face "
+        f"ClassLabel names), found keys {sorted(k.decode() for k in (meta or {}))}; pass label_map= explicitly "
+        "(e.g. data/label_map.json)"
+    )
+
+
+# ---------------------------------------------------------------- schema
+def hf_features(names: list[str]) -> dict[str, Any]:
+    """The `huggingface` metadata value, in the exact form `datasets` writes and reads back."""
+    features: dict[str, Any] = {"image": {"_type": "Image"}, "label": {"names": names, "_type": "ClassLabel"}}
+    for name, dtype in FIELDS[2:]:
+        features[name] = {"dtype": _VALUE_DTYPES[dtype], "_type": "Value"}
+    return {"info": {"features": features}}
+
+
+def shard_schema(label_map: dict[str, Any], params: dict[str, Any], split: str) -> pa.Schema:
+    """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps)."""
+    own = {"label_map": label_map, "convert_params": params, "split": split, "hash_algorithm": HASH_ALGORITHM}
+    metadata = {
+        "huggingface": json.dumps(hf_features(class_names(label_map))),
+        "imagenet_parquet": json.dumps(own, sort_keys=True),
+    }
+    return pa.schema([pa.field(name, dtype) for name, dtype in FIELDS], metadata=metadata)
+
+
+# ---------------------------------------------------------------- footer byte index
+def encode_image_index(entries: Sequence[tuple[int, int]]) -> str:
+    """The footer value of IMAGE_INDEX_KEY: base64 of little-endian int64 (offset, size) pairs, one per row."""
+    return base64.b64encode(np.asarray(entries, dtype="<i8").reshape(-1, 2).tobytes()).decode("ascii")
+
+
+def decode_image_index(meta: dict[bytes, bytes] | None, rows: int, where: str | os.PathLike[str]) -> np.ndarray | None:
+    """The footer's per-row (offset, size) array (shape rows x 2, int64), or None when the shard has none."""
+    value = (meta or {}).get(IMAGE_INDEX_KEY.encode())
+    if value is None:
+        return None
+    index = np.frombuffer(base64.b64decode(value), dtype="<i8").reshape(-1, 2)
+    if len(index) != rows:
+        raise FormatError(
+            f"{where}: expected {rows} entries in the footer's {IMAGE_INDEX_KEY}, found {len(index)}; "
+            "the shard was altered after conversion — re-run the convert stage"
+        )
+    return index
+
+
+def read_indexed(fd: int, entry: np.ndarray, where: str | os.PathLike[str]) -> bytes:
+    """One image through the byte index: a single pread of the length prefix plus the bytes, prefix checked.
+
+    PLAIN binary values are stored as a 4-byte little-endian length followed by the bytes; `offset` points at
+    the bytes."""
+    offset, size = int(entry[0]), int(entry[1])
+    data = os.pread(fd, size + 4, offset - 4)
+    if len(data) != size + 4 or int.from_bytes(data[:4], "little") != size:
+        raise FormatError(
+            f"{where}: expected a {size}-byte image value at offset {offset} (footer {IMAGE_INDEX_KEY}), found "
+            "other bytes; the shard was altered — re-run the convert stage"
+        )
+    return data[4:]

@@ -1,0 +1,1 @@
+"""Acquire: the download and verify stages. The built-in sample, resumable transfers, MD5s computed once."""

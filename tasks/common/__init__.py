@@ -1,0 +1,10 @@
+"""What every stage shares: the error type, atomic outputs, the stages' contracts, params, the class catalog.
+
+Stage packages (`tasks.acquire`, `tasks.extract`, `tasks.convert`, `tasks.validate`, `tasks.deploy`) import only
+this package and `imagenet_parquet.format`, never each other."""
+
+from tasks.common.errors import PipelineError
+from tasks.common.files import atomic_path, dumps_json, write_json, write_text
+from tasks.common.layout import ARCHIVES, DATA_DIR, SPLITS
+
+__all__ = ["ARCHIVES", "DATA_DIR", "SPLITS", "PipelineError", "atomic_path", "dumps_json", "write_json", "write_text"]

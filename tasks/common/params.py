@@ -1,0 +1,287 @@
+"""params.yaml as typed models: one pydantic model per section, unknown keys refused, every problem named by key.
+
+`load_project(params_file)` reads and validates the whole file once, before a stage does any work, and returns a
+`Project`: the typed sections plus the project root (the directory of params.yaml), against which every relative
+path in params.yaml resolves — in every stage. A problem reads `convert.qualty: unknown key (did you mean
+quality?)` or `download.retries: expected an integer >= 0, found 'many'`; all problems are listed at once.
+
+Keys marked `speed_only` change how fast a stage runs, never what it writes: dvc.yaml leaves them out of the
+stage's params, so changing them reruns nothing (`dvc_params()` gives each stage's list; a test checks dvc.yaml)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tasks.common.errors import PipelineError
+
+SPEED_ONLY = {"speed_only": True}
+
+
+class Section(BaseModel):
+    """One section of params.yaml: every key required (params.yaml is the one place values are stated)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PathsParams(Section):
+    raw: str = Field(description="downloaded / linked archives")
+    manifests: str = Field(description="extract: per-split manifests")
+    label_map: str = Field(description="extract: the label map")
+    parquet: str = Field(description="convert: the shards")
+    work: str = Field(description="scratch: resume state, staging, temp files (not tracked)")
+    metrics: str = Field(description="DVC metrics JSON per stage")
+    reports: str = Field(description="validate: reports")
+
+
+class SampleParams(Section):
+    classes: int = Field(ge=1, le=1000)
+    train_per_class: int = Field(ge=1)
+    val_per_class: int = Field(ge=1)
+    seed: int = Field(ge=0)
+
+
+Text = Annotated[str, Field(min_length=1)]
+
+
+class DownloadParams(Section):
+    source: Text = Field(description="sample | a directory | a URL prefix (file://, http(s)://, s3://)")
+    train: Text | None
+    val: Text | None
+    devkit: Text | None
+    retries: int = Field(ge=0, le=1000, json_schema_extra=SPEED_ONLY)
+    backoff_s: float = Field(ge=0, le=3600, json_schema_extra=SPEED_ONLY)
+    timeout_s: float = Field(gt=0, le=86400, json_schema_extra=SPEED_ONLY)
+    chunk_mb: float = Field(gt=0, le=1024, json_schema_extra=SPEED_ONLY)
+
+
+class VerifyParams(Section):
+    checksums: Text = Field(description="auto | official | sample | a name<TAB>md5 table")
+
+
+class ExtractParams(Section):
+    mode: Literal["archives", "folder"]
+    folder: Text | None = Field(description="root of the train/<wnid>, val/<wnid> tree (folder mode)")
+    classes: Text = Field(description="all | imagenet100 | a file with one wnid per line")
+    val_labels: Text = Field(description="devkit | a filename,wnid CSV")
+    materialize: bool = Field(json_schema_extra=SPEED_ONLY)
+
+    @model_validator(mode="after")
+    def _folder_mode_needs_folder(self) -> ExtractParams:
+        if self.mode == "folder" and not self.folder:
+            raise ValueError("folder: expected the root of the train/<wnid>, val/<wnid> tree with mode: folder, "
+                             "found null")
+        return self
+
+
+class ConvertParams(Section):
+    policy: Literal["passthrough", "reencode"]
+    quality: int = Field(ge=1, le=100)
+    resize_shorter: Annotated[int, Field(ge=1, le=65536)] | None
+    exif: Literal["keep", "transpose"]
+    full_decode: bool
+    shard_mb: float = Field(ge=0.001, le=1 << 20)
+    row_group_rows: int = Field(ge=1, le=1 << 24)
+    workers: int = Field(ge=1, le=4096, json_schema_extra=SPEED_ONLY)
+    task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
+    dask_address: Text | None = Field(json_schema_extra=SPEED_ONLY)
+    max_bad_fraction: float = Field(ge=0, le=1)
+    max_image_pixels: int = Field(ge=1, le=1 << 40)
+
+    @model_validator(mode="after")
+    def _dask_needs_address(self) -> ConvertParams:
+        if self.task_runner == "dask" and not self.dask_address:
+            raise ValueError("dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, "
+                             "found null")
+        return self
+
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class ValidateParams(Section):
+    train_count: list[Count] = Field(min_length=2, max_length=2, description="[min, max] images per class")
+    val_count: list[Count] = Field(min_length=2, max_length=2, description="[min, max] images per class")
+    decode_sample: int | float | str = Field(description='a row count (int >= 0), a fraction (0..1) or "all"')
+    leakage_max_pairs: int = Field(ge=0)
+    report_examples: int = Field(ge=0)
+    contact_sheet_per_class: int = Field(ge=1)
+    contact_sheet_classes: int = Field(ge=1)
+
+    @field_validator("train_count", "val_count")
+    @classmethod
+    def _ordered(cls, bounds: list[int]) -> list[int]:
+        if bounds[0] > bounds[1]:
+            raise ValueError(f"expected [min, max] with min <= max, found {bounds}")
+        return bounds
+
+    @field_validator("decode_sample", mode="before")
+    @classmethod
+    def _sample(cls, value: Any) -> Any:
+        if value == "all" and isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if isinstance(value, float) and 0 <= value <= 1:
+            return value
+        raise ValueError(f'expected a row count (int >= 0), a fraction (0..1) or "all", found {value!r}')
+
+
+class Params(BaseModel):
+    """The whole params.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    paths: PathsParams
+    sample: SampleParams
+    download: DownloadParams
+    verify: VerifyParams
+    extract: ExtractParams
+    convert: ConvertParams
+    validate_: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
+
+
+# The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
+STAGE_SECTIONS = {"download": ("download", "sample"), "verify": ("verify",), "extract": ("extract",),
+                  "convert": ("convert",), "validate": ("validate",)}
+SECTIONS: dict[str, type[Section]] = {
+    "paths": PathsParams, "sample": SampleParams, "download": DownloadParams, "verify": VerifyParams,
+    "extract": ExtractParams, "convert": ConvertParams, "validate": ValidateParams,
+}
+
+
+def output_keys(section: str) -> list[str]:
+    """The keys of a section that change what a stage writes (all but the `speed_only` ones)."""
+    fields = SECTIONS[section].model_fields
+    return [key for key, info in fields.items() if not (info.json_schema_extra or {}).get("speed_only")]
+
+
+def dvc_params(stage: str) -> list[str]:
+    """What dvc.yaml lists as `params:` for `stage`: a whole section, or its output keys when some are speed-only."""
+    listed: list[str] = []
+    for section in STAGE_SECTIONS[stage]:
+        keys = output_keys(section)
+        listed += [section] if keys == list(SECTIONS[section].model_fields) else [f"{section}.{k}" for k in keys]
+    return listed
+
+
+# ---------------------------------------------------------------- problems, named by key
+def describe(schema: dict[str, Any]) -> str:
+    """What a JSON schema accepts, in words: `an integer in [1, 100]`, `one of passthrough, reencode`, ..."""
+    if "anyOf" in schema:
+        return " or ".join(describe(option) for option in schema["anyOf"])
+    if "enum" in schema:
+        return "one of " + ", ".join(str(v) for v in schema["enum"])
+    kind = schema.get("type")
+    words = {"integer": "an integer", "number": "a number", "boolean": "true or false", "null": "null",
+             "string": "text", "array": "a list", "object": "a mapping"}.get(str(kind), "a value")
+    low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
+    if kind == "array" and schema.get("minItems") == schema.get("maxItems"):
+        return f"a list of {schema['minItems']} {describe(schema.get('items', {})).replace('an ', '').replace('a ', '')}s"
+    if low is not None and high is not None:
+        return f"{words} in [{low}, {high}]" if "minimum" in schema else f"{words} in ({low}, {high}]"
+    if low is not None:
+        return f"{words} {'>=' if 'minimum' in schema else '>'} {low}"
+    if high is not None:
+        return f"{words} <= {high}"
+    return words
+
+
+def _expected(section: str, key: str) -> str:
+    """A key's description when it is free text (what the text may name), else what its type accepts."""
+    model = SECTIONS.get(section)
+    if model is None or key not in model.model_fields:
+        return "a value"
+    schema = model.model_json_schema()["properties"][key]
+    options = [option.get("type") for option in schema.get("anyOf", [schema])]
+    if "description" in schema and "string" in options and "enum" not in schema:
+        return schema["description"] + (" or null" if "null" in options else "")
+    return describe(schema)
+
+
+def _problem(error: Any) -> str:
+    loc = [str(p) for p in error["loc"]]
+    where = ".".join(loc)
+    kind, found = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        known = list(SECTIONS) if len(loc) == 1 else list(SECTIONS.get(loc[0], Section).model_fields)
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        return f"{where}: unknown key" + (f" (did you mean {close[0]}?)" if close else f" (expected one of {known})")
+    if kind == "missing":
+        return f"{where}: missing; expected {_expected(loc[0], loc[-1]) if len(loc) > 1 else 'a section'}"
+    if kind == "value_error":
+        text = str(error["msg"]).removeprefix("Value error, ")
+        return f"{where}.{text}" if len(loc) == 1 else f"{where}: {text}"
+    if len(loc) == 1:
+        return f"{where}: expected a mapping of keys, found {found!r}"
+    return f"{where}: expected {_expected(loc[0], loc[1])}, found {found!r}"
+
+
+def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml") -> Params:
+    """The typed params of a parsed params.yaml document, or one PipelineError listing every problem."""
+    if not isinstance(doc, dict):
+        raise PipelineError(f"{where}: expected a mapping of sections ({', '.join(SECTIONS)}), found "
+                            f"{type(doc).__name__}; restore params.yaml from git (`git checkout params.yaml`)")
+    try:
+        return Params.model_validate(doc)
+    except ValidationError as err:
+        problems = sorted(dict.fromkeys(_problem(e) for e in err.errors()))
+    raise PipelineError(f"{where}: {len(problems)} problem(s); fix them and run again (the comments in params.yaml "
+                        "say what each key takes):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class Project:
+    """The validated params and the project root: every relative path in params.yaml resolves against `root`."""
+
+    root: Path
+    params: Params
+    file: Path
+
+    def path(self, key: str) -> Path:
+        """A `paths:` entry as an absolute path."""
+        return self.resolve(getattr(self.params.paths, key))
+
+    @property
+    def paths(self) -> dict[str, Path]:
+        return {key: self.path(key) for key in PathsParams.model_fields}
+
+    def resolve(self, value: str | os.PathLike[str]) -> Path:
+        """A path given in params.yaml (or the run form): `~` expanded, relative ones against the project root."""
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.root / path
+
+
+def load_project(params_file: str | os.PathLike[str] = "params.yaml") -> Project:
+    """Read and validate params.yaml whole (before any work starts)."""
+    file = Path(params_file).resolve()
+    try:
+        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"{params_file}: expected the project's params.yaml, found no such file; run from the "
+                            "project directory (where dvc.yaml is)") from None
+    except yaml.YAMLError as err:
+        raise PipelineError(f"{params_file}: expected valid YAML, found: {err}; fix the file") from None
+    return Project(file.parent, validate_params(doc, params_file), file)
+
+
+def load_params(section: str | None = None, params_file: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
+    """Return one section of params.yaml (or the whole file when section is None)."""
+    with open(params_file, encoding="utf-8") as fh:
+        params = yaml.safe_load(fh) or {}
+    if section is None:
+        return params
+    if section not in params:
+        raise PipelineError(f"{params_file}: expected a '{section}:' section, found sections {sorted(params)}")
+    return params[section]
+
+
+def paths(params_file: str | os.PathLike[str] = "params.yaml") -> dict[str, Path]:
+    """The `paths:` section of params.yaml as Path objects (the one place paths are stated)."""
+    return {key: Path(value) for key, value in load_params("paths", params_file).items()}

@@ -1,0 +1,1 @@
+"""Validate stage: schema, label and byte checks over the shards, and the reports a reviewer reads."""

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
 from tasks.common import write_json
 from tasks.common.params import load_params  # noqa: E402
-from tasks.convert.stage import run_local  # noqa: E402
+from tasks.convert import run_local  # noqa: E402
 from tasks.convert.job import Job  # noqa: E402
 from tasks.convert.imaging import Policy  # noqa: E402
 from tasks.common.synsets import shipped_synsets

@@ -44,12 +44,13 @@ def _child(mode: str, root: Path) -> None:
 
     import pyarrow.parquet as pq
 
+    from tasks.common.params import ValidateParams
     from tasks.validate.stage import run_validation
 
     started = time.perf_counter()
     if mode == "validate":
-        params = {"train_count": [1, 10**6], "val_count": [1, 10**6], "decode_sample": 0, "leakage_max_pairs": 0,
-                  "report_examples": 5}
+        params = ValidateParams(train_count=[1, 10**6], val_count=[1, 10**6], decode_sample=0, leakage_max_pairs=0,
+                                report_examples=5, contact_sheet_per_class=1, contact_sheet_classes=1)
         report = run_validation(root / "parquet", root / "manifests", root / "label_map.json", params)
         assert report["status"] == "pass", [c["message"] for c in report["checks"] if c["status"] != "pass"]
     else:

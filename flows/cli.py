@@ -1,4 +1,4 @@
-"""Stage entry point helper: run a flow, turn a user-facing error into one clear paragraph and exit 1."""
+"""Stage entry point helper: validate params.yaml, run a flow, turn a user-facing error into one clear paragraph."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks.common import PipelineError
+from tasks.common.params import load_project
 
 
-def main(flow_fn: Callable[..., Any], *, user_errors: tuple[type[Exception], ...] = (), **kwargs: Any) -> None:
+def main(flow_fn: Callable[..., Any], *, user_errors: tuple[type[Exception], ...] = (), check_params: bool = True,
+         **kwargs: Any) -> None:
     """Run `flow_fn(**kwargs)` as the stage's command (what `dvc repro` calls).
 
-    A PipelineError (or one of `user_errors`, e.g. imagenet_parquet's FormatError) already says what is wrong and
-    what to do: it is printed without a traceback."""
+    params.yaml is validated whole first, so a bad key fails in a second, before Prefect starts. A PipelineError
+    (or one of `user_errors`, e.g. imagenet_parquet's FormatError) already says what is wrong and what to do: it is
+    printed without a traceback, and the command exits 1."""
     try:
+        if check_params:
+            load_project(kwargs.get("params_file", "params.yaml"))
         flow_fn(**kwargs)
     except (PipelineError, *user_errors) as err:
         print(f"\nerror: {err}", file=sys.stderr)

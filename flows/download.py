@@ -2,6 +2,7 @@
 
 The network step (`fetch_archive`) is retried by Prefect when the transfer gave up after its own bounded
 retries (each Prefect retry resumes from the `.part` file); a missing source, a 404 or a write failure is not."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -10,8 +11,7 @@ from prefect import flow, task
 
 from flows.cli import main
 from tasks.acquire import download as dl
-from tasks.common.params import load_params, paths
-from tasks.acquire.md5state import CACHE_NAME
+from tasks.common.params import load_project
 
 
 def _network_failure(_task: Any, _run: Any, state: Any) -> bool:
@@ -34,19 +34,14 @@ write_download_json = task(dl.write_download_json, name="write-download-json")
 
 @flow(name="download", log_prints=True)
 def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]:
-    params, sample = load_params("download", params_file), load_params("sample", params_file)
-    where = paths(params_file)
-    raw_dir, cache_file = where["raw"], where["work"] / CACHE_NAME
-    opts = dl.FetchOptions.from_params(params)
-    sources = dl.archive_sources(params)
-    check_local_sources(sources)
-    check_free_space(raw_dir, space_needed(sources, raw_dir, opts, cache_file))
-    records = fetch_sample(raw_dir, sample, cache_file) if "sample" in sources.values() else {}
-    fetch = fetch_archive.with_options(retry_delay_seconds=4 * opts.backoff_s)
-    for name, source in sources.items():
-        if source != "sample":
-            records[name] = fetch(name, source, raw_dir, opts, cache_file)
-    write_download_json(raw_dir, params, records)
+    job = dl.plan(load_project(params_file))
+    check_local_sources(job.sources, job.root)
+    check_free_space(job.raw_dir, space_needed(job.sources, job.raw_dir, job.opts, job.cache_file))
+    records = fetch_sample(job.raw_dir, job.sample, job.cache_file) if job.uses_sample else {}
+    fetch = fetch_archive.with_options(retry_delay_seconds=4 * job.opts.backoff_s)
+    for name, source in job.fetched().items():
+        records[name] = fetch(name, source, job.raw_dir, job.opts, job.cache_file, job.root)
+    write_download_json(job.raw_dir, job.source, records)
     return records
 
 

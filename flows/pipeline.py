@@ -20,7 +20,7 @@ from prefect.cache_policies import NONE
 from prefect.settings import get_current_settings
 
 from tasks.common import PipelineError
-from tasks.common.params import paths
+from tasks.common.params import load_project
 from tasks.deploy.dvc_run import dvc_env, DvcRun, FAILED, lock_drift, lock_entries, metrics_rows, run_dvc, stage_names, stage_outcomes
 from tasks.validate.report import REPORT_MD
 from tasks.deploy.run_form import apply_params, params_updates, preflight, RunParams
@@ -90,17 +90,18 @@ def publish(project: Path, rows: list[dict], started: float, succeeded: bool) ->
     """Attach the stages table, and the schema report and metrics when they belong to this run's data."""
     create_table_artifact(rows, key=ARTIFACT_KEYS["stages"], description="Stages of `dvc repro`: ran or skipped")
     published = [ARTIFACT_KEYS["stages"]]
-    where = paths(project / "params.yaml")
-    report = project / where["reports"] / REPORT_MD
+    where = load_project(project / "params.yaml")
+    shown = where.params.paths  # as written in params.yaml, for the artifacts' descriptions
+    report = where.path("reports") / REPORT_MD
     # after a failure, only files (re)written during this run describe the current data
     if report.is_file() and (succeeded or report.stat().st_mtime >= started):
         create_markdown_artifact(report.read_text(encoding="utf-8"), key=ARTIFACT_KEYS["report"],
-                                 description=f"{where['reports'] / REPORT_MD} (validate stage)")
+                                 description=f"{shown.reports}/{REPORT_MD} (validate stage)")
         published.append(ARTIFACT_KEYS["report"])
-    metrics_dir = project / where["metrics"]
+    metrics_dir = where.path("metrics")
     if metrics_dir.is_dir() and (succeeded or any(p.stat().st_mtime >= started for p in metrics_dir.glob("*.json"))):
         create_table_artifact(metrics_rows(metrics_dir), key=ARTIFACT_KEYS["metrics"],
-                              description=f"DVC metrics: {where['metrics']}/*.json")
+                              description=f"DVC metrics: {shown.metrics}/*.json")
         published.append(ARTIFACT_KEYS["metrics"])
     return published
 
@@ -163,4 +164,4 @@ if __name__ == "__main__":
     from flows import pipeline  # serve the importable module's flow, not __main__'s copy
     from flows.cli import main as run_cli
 
-    run_cli(pipeline.main)
+    run_cli(pipeline.main, check_params=False)  # `serve` checks the project directory itself

@@ -3,9 +3,9 @@
 Reads `params.yaml: validate` and `paths`. Writes the reports and metrics even when a check fails, attaches
 the Markdown report (`schema-report`) and the counts (`split-counts`, `class-counts`) as artifacts of the flow
 run, then fails the run (PipelineError → exit 1) when a check failed."""
+
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -14,8 +14,10 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cli import main
 from imagenet_parquet.format import FormatError
-from tasks.validate import contact_sheet, report, stage as validate
-from tasks.common.params import load_params, paths
+from tasks.common import SPLITS
+from tasks.common.params import load_project
+from tasks.validate import contact_sheet, report
+from tasks.validate import stage as validate
 
 ARTIFACT_KEYS = {"report": "schema-report", "splits": "split-counts", "classes": "class-counts"}
 METRICS_FILE = "validate.json"
@@ -30,7 +32,7 @@ def publish(result: dict[str, Any]) -> None:
     create_markdown_artifact(report.render_markdown(result), key=ARTIFACT_KEYS["report"],
                              description=f"Schema and label validation: {report.STATUS_WORD[result['status']]}")
     split_metrics = report.metrics(result)
-    create_table_artifact([{"split": split, **split_metrics[split]} for split in validate.SPLITS],
+    create_table_artifact([{"split": split, **split_metrics[split]} for split in SPLITS],
                           key=ARTIFACT_KEYS["splits"], description="Rows, shards and images per class, per split")
     create_table_artifact(result["classes"], key=ARTIFACT_KEYS["classes"],
                           description="Images per class and split")
@@ -38,13 +40,11 @@ def publish(result: dict[str, Any]) -> None:
 
 @flow(name="validate")
 def validate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
-    """Check the Parquet shards against the contract, the manifests and the label map; write the reports.
-
-    Paths in params.yaml are relative to the directory of `params_file` (the repo)."""
-    root = Path(params_file).resolve().parent
-    cfg, where = load_params("validate", params_file), {k: root / v for k, v in paths(params_file).items()}
+    """Check the Parquet shards against the contract, the manifests and the label map; write the reports."""
+    project = load_project(params_file)
+    cfg, where = project.params.validation, project.paths
     sheet = write_sheet.submit(where["parquet"], where["label_map"], where["reports"] / report.CONTACT_SHEET,
-                               cfg["contact_sheet_per_class"], cfg["contact_sheet_classes"])
+                               cfg.contact_sheet_per_class, cfg.contact_sheet_classes)
     result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg)
     write_reports(result, where["reports"], where["metrics"] / METRICS_FILE)
     publish(result)

@@ -1,4 +1,5 @@
 """verify stage as a Prefect flow: `python -m flows.verify` (reads params.yaml `verify`, `paths`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +8,8 @@ from prefect import flow, task
 
 from flows.cli import main
 from tasks.acquire import verify as vf
-from tasks.common.params import load_params, paths
 from tasks.acquire.md5state import CACHE_NAME
+from tasks.common.params import load_project
 
 expected_md5s = task(vf.expected_md5s, name="expected-md5s")
 check_archive = task(vf.check_archive, name="check-archive")
@@ -17,10 +18,9 @@ write_verify_json = task(vf.write_verify_json, name="write-verify-json")
 
 @flow(name="verify", log_prints=True)
 def verify_flow(params_file: str = "params.yaml") -> dict[str, Any]:
-    params = load_params("verify", params_file)
-    where = paths(params_file)
-    raw_dir, cache_file = where["raw"], where["work"] / CACHE_NAME
-    table, expected = expected_md5s(str(params.get("checksums", "auto")), raw_dir)
+    project = load_project(params_file)
+    raw_dir, cache_file = project.path("raw"), project.path("work") / CACHE_NAME
+    table, expected = expected_md5s(project.params.verify.checksums, raw_dir, project.root)
     results = {name: check_archive(name, raw_dir, md5, cache_file, table) for name, md5 in expected.items()}
     write_verify_json(raw_dir, table, results)
     return {"archives": results, "checksums": table}

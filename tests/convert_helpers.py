@@ -15,16 +15,14 @@ import scipy.io
 from PIL import Image
 
 from tasks.common import ARCHIVES
-from tasks.common.params import paths
+from params_helpers import section
 from tasks.convert.job import Job, job_from_params
 
 MANIFEST_SCHEMA = pa.schema([("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()),
                              ("name", pa.string()), ("source", pa.string()), ("member", pa.string()),
                              ("offset", pa.int64()), ("size", pa.int64())])
 REPO = Path(__file__).resolve().parents[1]
-BASE_PARAMS = {"policy": "passthrough", "quality": 90, "resize_shorter": None, "exif": "keep", "shard_mb": 256,
-               "row_group_rows": 100, "workers": 1, "task_runner": "local", "dask_address": None,
-               "max_bad_fraction": 0.5, "max_image_pixels": 178956970}
+BASE_PARAMS = {"max_bad_fraction": 0.5}  # over the repository's params.yaml: tests plant bad images
 
 
 def jpeg(color=(200, 30, 40), size=(64, 48), mode="RGB", fmt="JPEG", **save) -> bytes:
@@ -104,7 +102,8 @@ def sample_dataset(root: Path, release: Path) -> None:
 
 
 def make_job(root: Path, **params) -> Job:
-    return job_from_params({**BASE_PARAMS, **params}, paths(REPO / "params.yaml"), root=root)
+    repo_paths = {key: Path(value) for key, value in section("paths").model_dump().items()}
+    return job_from_params(section("convert", **{**BASE_PARAMS, **params}), repo_paths, root=root)
 
 
 def read_rows(job: Job, split: str = "train") -> list[dict]:

@@ -5,25 +5,20 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-
 from flows.download import download_flow
 from flows.verify import verify_flow
 from tasks.common import ARCHIVES, PipelineError
+from params_helpers import write_params
 from tests.rangeserver import RangeServer
 
 
 def _params(tmp_path: Path, source: str, checksums: str) -> Path:
-    params = {
-        "paths": {"raw": str(tmp_path / "raw"), "work": str(tmp_path / "work")},
-        "sample": {"classes": 2, "train_per_class": 2, "val_per_class": 1, "seed": 0},
-        "download": {"source": source, "train": None, "val": None, "devkit": None, "retries": 0,
-                     "backoff_s": 0.01, "timeout_s": 60, "chunk_mb": 0.0625},
-        "verify": {"checksums": checksums},
-    }
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
+    """params.yaml under tmp_path: relative paths (raw, work) resolve against it, whatever the working directory."""
+    return write_params(tmp_path, paths={"raw": "raw", "work": "work"},
+                        sample={"classes": 2, "train_per_class": 2, "val_per_class": 1, "seed": 0},
+                        download={"source": source, "retries": 0, "backoff_s": 0.01, "timeout_s": 60,
+                                  "chunk_mb": 0.0625},
+                        verify={"checksums": checksums})
 
 
 def test_http_download_retried_by_prefect_then_verified_without_rehashing(prefect_api, sample_release, tmp_path):

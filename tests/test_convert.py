@@ -18,7 +18,8 @@ from PIL import Image, ImageStat
 from convert_helpers import (REPO, flat_dataset, jpeg, make_job, noisy_jpeg, read_rows, sample_dataset,
                              shard_bytes)
 from tasks.common import PipelineError
-from tasks.convert.stage import prepare, run_local
+from tasks.convert import run_local
+from tasks.convert.stage import prepare
 from imagenet_parquet.format import TRANSFORM_PATTERN
 
 

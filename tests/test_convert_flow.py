@@ -10,17 +10,15 @@ import pytest
 import yaml
 
 from convert_helpers import REPO, flat_dataset, jpeg, make_job, noisy_jpeg, shard_bytes
-from tasks.convert.stage import run_local
+from params_helpers import section, write_params
+from tasks.convert import run_local
 
 
 def _project(root: Path, **convert) -> Path:
     """A dataset under `root` and a params.yaml there (paths relative to it, as in the repo)."""
     flat_dataset(root, [("n0%d" % (i % 3), f"img{i:03d}.JPEG", noisy_jpeg(i)) for i in range(24)]
                  + [("n01", "cmyk.JPEG", jpeg(mode="CMYK")), ("n02", "zero.JPEG", b"")])
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["convert"].update({"shard_mb": 0.03, "row_group_rows": 5, "max_bad_fraction": 0.1, **convert})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    return root / "params.yaml"
+    return write_params(root, convert={"shard_mb": 0.03, "row_group_rows": 5, "max_bad_fraction": 0.1, **convert})
 
 
 def test_flow_local_runner_and_dask_cluster_write_the_same_bytes(prefect_api, tmp_path):
@@ -54,8 +52,7 @@ def test_stage_command_fails_cleanly_above_max_bad_fraction(prefect_api, tmp_pat
 
 
 def test_dask_runner_needs_an_address(tmp_path):
-    from flows.convert import task_runner
     from tasks.common import PipelineError
 
-    with pytest.raises(PipelineError, match="dask_address"):
-        task_runner({"task_runner": "dask", "dask_address": None, "workers": 2})
+    with pytest.raises(PipelineError, match="convert.dask_address: expected a scheduler address"):
+        section("convert", task_runner="dask", dask_address=None, workers=2)

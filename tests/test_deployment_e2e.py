@@ -7,7 +7,7 @@ import datetime
 import pytest
 from test_deployment import _artifacts, _client, _logs, _outcomes, _run, _table, serving
 
-from tasks.common.params import paths
+from tasks.common.params import load_project
 from tasks.deploy.dvc_run import RAN, stage_names
 from tasks.validate.report import REPORT_MD
 from tasks.deploy.run_form import RunParams
@@ -22,7 +22,7 @@ def test_ui_run_of_the_real_pipeline_on_the_sample(prefect_api, project_copy):
     with serving(project_copy, "e2e") as name:
         run = _run(name, RunParams().model_dump(mode="json"), timeout=600)
     assert run.state.is_completed(), run.state.message
-    where = paths(project_copy / "params.yaml")
+    where = load_project(project_copy / "params.yaml").paths
     artifacts = _artifacts(run.id)
     assert _outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(stages, RAN)
     assert artifacts["schema-report"].data == (project_copy / where["reports"] / REPORT_MD).read_text()

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
     ({"preset": "imagenet1k-archives"}, "imagenet1k-archives preset needs `location`"),
     ({"preset": "imagenet100-folder", "location": ""}, "imagenet100-folder preset needs `location`"),
     ({"classes": "file"}, "classes=file needs `classes_file`"),
-    ({"resize_shorter": 256}, "resize_shorter needs policy=reencode"),
+    ({"resize_shorter": 0}, "greater than or equal to 1"),
     ({"quality": 0}, "greater than or equal to 1"),
     ({"preset": "imagenet"}, "'sample', 'imagenet1k-archives' or 'imagenet100-folder'"),
     ({"colour": "red"}, "Extra inputs are not permitted"),
@@ -35,7 +35,7 @@ def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
 
 
 @pytest.mark.parametrize("fields", [
-    {"preset": "imagenet1k-archives"}, {"classes": "file", "classes_file": None}, {"resize_shorter": 160},
+    {"preset": "imagenet1k-archives"}, {"classes": "file", "classes_file": None}, {"resize_shorter": 0},
     {"quality": 101}, {"policy": "lossless"},
 ])
 def test_json_schema_the_server_enforces_rejects_what_the_model_rejects(fields):

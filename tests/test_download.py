@@ -14,6 +14,7 @@ from tasks.acquire import fetch
 from tasks.acquire import md5state
 from tasks.common import ARCHIVES, PipelineError
 from tasks.acquire.verify import check_archive, expected_md5s, write_verify_json
+from params_helpers import section
 from tests.conftest import free_port
 from tests.rangeserver import RangeServer
 
@@ -71,7 +72,7 @@ def test_not_found_fails_at_once_with_a_clear_error(server, tmp_path):
         dl.fetch_archive(NAME, str(tmp_path / "nowhere" / NAME), tmp_path / "raw", FAST, tmp_path / "c.json")
     with pytest.raises(PipelineError, match=r"nowhere/ILSVRC2012_img_train.tar, .*nowhere/ILSVRC2012_img_val.tar, "
                                             r".*nowhere/ILSVRC2012_devkit_t12.tar.gz, found no such files"):
-        dl.check_local_sources(dl.archive_sources({"source": str(tmp_path / "nowhere")}))
+        dl.check_local_sources(dl.archive_sources(section("download", source=str(tmp_path / "nowhere"))))
     assert list((tmp_path / "raw").iterdir()) == []
 
 
@@ -143,7 +144,7 @@ def test_write_failures_leave_no_partial_file(server, tmp_path, monkeypatch):
 
 def test_free_space_is_checked_before_writing(server, tmp_path):
     raw = tmp_path / "raw"
-    sources = dl.archive_sources({"source": server.url})
+    sources = dl.archive_sources(section("download", source=server.url))
     assert dl.space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
     dl.check_free_space(raw, {NAME: 1 << 20})
     with pytest.raises(PipelineError, match=r"needs 1000000\.00 GB free .* found \d+\.\d\d GB free.*"
@@ -172,7 +173,7 @@ def test_credentials_are_redacted(server, payload, tmp_path, caplog):
     url = server.url.replace("http://", "http://alice:s3cret@") + f"/{NAME}?X-Amz-Signature=topsecret"
     server.faults[f"/{NAME}"].append(("drop", 1000))
     record = dl.fetch_archive(NAME, url, tmp_path / "raw", FAST, tmp_path / "c.json")
-    dl.write_download_json(tmp_path / "raw", {"source": url}, {NAME: record})
+    dl.write_download_json(tmp_path / "raw", url, {NAME: record})
     text = (tmp_path / "raw" / "download.json").read_text() + caplog.text
     assert "s3cret" not in text and "topsecret" not in text and "***@127.0.0.1" in text
     dead = f"http://alice:s3cret@127.0.0.1:{free_port()}/{NAME}?X-Amz-Signature=topsecret"  # nobody listens
@@ -201,7 +202,7 @@ def test_s3_through_moto(payload, tmp_path, monkeypatch):
         import fsspec
 
         fsspec.filesystem("s3").invalidate_cache()
-        sources = dl.archive_sources({"source": "s3://ilsvrc/releases"})
+        sources = dl.archive_sources(section("download", source="s3://ilsvrc/releases"))
         assert sources[NAME] == f"s3://ilsvrc/releases/{NAME}"
         raw = tmp_path / "raw"
         assert dl.space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}

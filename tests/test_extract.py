@@ -15,6 +15,7 @@ from tasks.common import ARCHIVES, DATA_DIR, PipelineError
 from tasks.extract.devkit import read_label_csv
 from tasks.common.layout import MANIFEST_SCHEMA
 from tasks.common.synsets import shipped_synsets
+from params_helpers import project
 
 
 def tarfile_bytes(archive: Path, member: str) -> bytes:
@@ -163,9 +164,9 @@ def test_bad_class_list_param_fails_early(tmp_path):
     bad.write_text("n01440764\nfoo\n")
     for spec, message in ((str(bad), r"bad.txt:2: .*'foo'"), ("imagenet1000", "no such file")):
         with pytest.raises(PipelineError, match=message):
-            extract.check_params({"mode": "archives", "classes": spec, "materialize": False})
-    with pytest.raises(PipelineError, match="mode: expected archives or folder"):
-        extract.check_params({"mode": "zip", "classes": "all", "materialize": False})
+            extract.job_from_params(project(tmp_path, extract={"classes": spec}))
+    with pytest.raises(PipelineError, match="extract.mode: expected one of archives, folder, found 'zip'"):
+        project(tmp_path, extract={"mode": "zip"})
 
 
 def test_unique_names_over_the_full_1000():

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from validate_fixtures import make_dataset, validate_params
+from validate_fixtures import make_dataset, validate_section
 
 from convert_helpers import make_job, sample_dataset
 from imagenet_parquet import ParquetImageDataset
@@ -16,7 +16,7 @@ from imagenet_parquet.format import decode_image_index, IMAGE_INDEX_KEY
 from imagenet_parquet.shards import IndexedReader
 from reader_shards import write_shards
 from tasks.convert import writer as shard_module
-from tasks.convert.stage import run_local
+from tasks.convert import run_local
 from tasks.validate.stage import run_validation
 
 
@@ -89,7 +89,7 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
     monkeypatch.setattr(shard_module, "locate_values", swapped)
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
     checks = {c["name"]: c for c in run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path,
-                                                   validate_params())["checks"]}
+                                                   validate_section())["checks"]}
     assert checks["image_index"]["status"] == "fail" and checks["image_index"]["failures"] == 2
     assert "differ from the row's image.bytes" in checks["image_index"]["message"]
     assert IMAGE_INDEX_KEY in checks["image_index"]["message"]
@@ -100,7 +100,7 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
     with pytest.raises(ValueError, match="found other bytes; the shard was altered"):
         IndexedReader([shard]).read(0, 0)
-    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_params())
+    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section())
     check = next(c for c in report["checks"] if c["name"] == "image_index")
     assert check["status"] == "fail" and "where no" in check["message"] and report["status"] == "fail"
 
@@ -109,7 +109,7 @@ def test_validate_passes_indexed_shards_and_names_unindexed_ones(tmp_path):
     ds = make_dataset(tmp_path / "ds").write()
     shard = sorted((ds.parquet_dir / "train").glob("*.parquet"))[0]
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(pq.read_table(shard).to_pylist()))
-    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_params())
+    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section())
     check = next(c for c in report["checks"] if c["name"] == "image_index")
     assert report["status"] == "pass" and check["status"] == "pass"
     assert check["message"].startswith("all byte-index entries ok; 2 of 3 shard(s) carry no index")

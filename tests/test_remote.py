@@ -182,3 +182,23 @@ def test_reader_and_interop_on_the_pipeline_shards(pipeline_repo, tmp_path, monk
                                split="train", cache_dir=str(tmp_path / "hf"))
     assert hf.features["label"].names == names and isinstance(hf.features["image"], datasets.Image)
     assert hf[0]["image"].size == ParquetImageDataset(parquet, "val", transform=lambda im: im.size)[0][0]
+
+
+def test_speed_only_params_rerun_nothing_and_an_output_param_reruns_its_stage(pipeline_repo):
+    """dvc.yaml lists only the keys that change outputs (tasks.common.params `speed_only`): after `dvc repro`,
+    changing retries / materialize / workers leaves every stage up to date; quality reruns convert (+ validate)."""
+    params = pipeline_repo / "params.yaml"
+    original = params.read_text()
+    try:
+        speed = (original.replace("  retries: 5 ", "  retries: 9 ").replace("  timeout_s: 60 ", "  timeout_s: 30 ")
+                 .replace("  materialize: false", "  materialize: true").replace("  workers: 2 ", "  workers: 1 "))
+        assert speed.count("\n") == original.count("\n") and speed != original
+        params.write_text(speed)
+        assert "Data and pipelines are up to date" in _run(["dvc", "status"], pipeline_repo)
+        params.write_text(speed.replace("  quality: 90 ", "  quality: 91 "))
+        status = _run(["dvc", "status"], pipeline_repo)
+        assert "convert:" in status and "changed params" in status and "download:" not in status
+        assert "extract:" not in status
+    finally:
+        params.write_text(original)
+    assert "Data and pipelines are up to date" in _run(["dvc", "status"], pipeline_repo)

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from PIL import Image
-from validate_fixtures import Dataset, make_dataset, set_bytes, validate_params
+from validate_fixtures import Dataset, make_dataset, set_bytes, validate_section
 
 from tasks.common import PipelineError
 from imagenet_parquet.format import shard_schema
@@ -20,7 +20,7 @@ from tasks.validate.stage import raise_if_failed, run_validation
 
 
 def _run(ds: Dataset, **params: Any) -> dict[str, Any]:
-    return run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_params(**params))
+    return run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section(**params))
 
 
 def _checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -8,19 +8,15 @@ import sys
 from pathlib import Path
 
 import yaml
-from validate_fixtures import make_dataset, validate_params
+from validate_fixtures import make_dataset, validate_section
 
 from flows.validate import ARTIFACT_KEYS, validate_flow
+from params_helpers import write_params
 
 
 def _project(root: Path, **params) -> Path:
     """A directory with params.yaml (paths relative to it) around a dataset under data/."""
-    (root / "params.yaml").write_text(yaml.safe_dump({
-        "paths": {"raw": "data/raw", "manifests": "data/manifests", "label_map": "data/label_map.json",
-                  "parquet": "data/parquet", "work": "data/scratch", "metrics": "data/metrics",
-                  "reports": "data/reports"},
-        "validate": validate_params(**params)}))
-    return root / "params.yaml"
+    return write_params(root, validate=validate_section(**params).model_dump())
 
 
 def _artifacts(flow_run_id) -> dict:

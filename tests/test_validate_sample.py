@@ -7,10 +7,10 @@ from pathlib import Path
 import yaml
 from PIL import Image
 
-from tasks.convert import stage as convert
+from tasks.convert import run_local
 from tasks.extract import stage as extract
 from tasks.common import ARCHIVES
-from tasks.common.params import paths
+from params_helpers import project
 from tasks.validate.contact_sheet import write_contact_sheet
 from tasks.convert.job import job_from_params
 from tasks.validate.report import write_reports
@@ -20,29 +20,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_sample_through_extract_convert_validate_passes(sample_release, tmp_path):
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["paths"]["raw"] = str(sample_release)
-    params["convert"]["row_group_rows"] = 16  # several row groups per shard: the streaming path is exercised
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    where = {key: tmp_path / value for key, value in paths(tmp_path / "params.yaml").items()}
+    # several row groups per shard: the streaming path is exercised
+    setup = project(tmp_path, paths={"raw": str(sample_release)}, convert={"row_group_rows": 16})
+    params, where = setup.params, setup.paths
     staging = where["work"] / "extract"
     for split in extract.SPLITS:
         extract.scan_archive_split(split, where["raw"] / ARCHIVES[split], staging, root=tmp_path)
     extract.finalize(staging, where["manifests"], where["label_map"], devkit_path=where["raw"] / ARCHIVES["devkit"])
-    convert.run_local(job_from_params(params["convert"], paths(tmp_path / "params.yaml"), root=tmp_path),
-                      progress=False)
+    run_local(job_from_params(params.convert, where, root=tmp_path), progress=False)
 
-    cfg = {**params["validate"], "decode_sample": "all"}
+    cfg = params.validation.model_copy(update={"decode_sample": "all"})
     report = run_validation(where["parquet"], where["manifests"], where["label_map"], cfg)
     assert report["status"] == "pass", [c["message"] for c in report["checks"] if c["status"] != "pass"]
-    sample = params["sample"]
+    sample = params.sample
     assert report["splits"]["train"]["rows"] + report["splits"]["train"]["quarantined"] == (
-        sample["classes"] * sample["train_per_class"])
+        sample.classes * sample.train_per_class)
     assert report["splits"]["val"]["decoded"] == report["splits"]["val"]["rows"] > 0
-    assert report["class_counts"]["val"]["max"] == sample["val_per_class"]
+    assert report["class_counts"]["val"]["max"] == sample.val_per_class
     raise_if_failed(report, where["reports"])
     write_reports(report, where["reports"], where["metrics"] / "validate.json")
     sheet = write_contact_sheet(where["parquet"], where["label_map"], where["reports"] / "contact_sheet.png",
-                                cfg["contact_sheet_per_class"], cfg["contact_sheet_classes"])
+                                cfg.contact_sheet_per_class, cfg.contact_sheet_classes)
     with Image.open(sheet) as image:
-        assert image.height >= sample["classes"] * 72
+        assert image.height >= sample.classes * 72

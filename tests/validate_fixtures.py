@@ -19,6 +19,8 @@ from PIL import Image, UnidentifiedImageError
 
 from tasks.common.layout import MANIFEST_SCHEMA
 from imagenet_parquet.format import shard_schema
+from params_helpers import section
+from tasks.common.params import ValidateParams
 from tasks.common.synsets import load_synsets
 
 SOURCES = {"train": "data/raw/ILSVRC2012_img_train.tar", "val": "data/raw/ILSVRC2012_img_val.tar"}
@@ -26,8 +28,9 @@ PARAMS = {"train_count": [1, 1300], "val_count": [1, 50], "decode_sample": "all"
           "report_examples": 5, "contact_sheet_per_class": 2, "contact_sheet_classes": 20}
 
 
-def validate_params(**overrides: Any) -> dict[str, Any]:
-    return {**PARAMS, **overrides}
+def validate_section(**overrides: Any) -> ValidateParams:
+    """The typed `validate:` params for tests (a PipelineError naming the key when an override is invalid)."""
+    return section("validate", **{**PARAMS, **overrides})
 
 
 def jpeg(seed: int, size: tuple[int, int] = (24, 16)) -> bytes:

@@ -10,30 +10,59 @@ from __future__ import annotations
 import os
 import shutil
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
+from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
 from tasks.acquire.fetch import FetchOptions, kind, part_path, redact, remote_size, resumable_download, RetryableError
-from tasks.acquire.md5state import cached_md5, remember_md5
+from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5
 from tasks.acquire.sample import MD5_TABLE, write_sample
 
-__all__ = ["FetchOptions", "RetryableError", "archive_sources", "check_free_space", "check_local_sources",
-           "fetch_archive", "fetch_sample", "link_local", "space_needed", "write_download_json"]
+__all__ = ["Download", "FetchOptions", "RetryableError", "archive_sources", "check_free_space", "check_local_sources",
+           "fetch_archive", "fetch_sample", "link_local", "plan", "space_needed", "write_download_json"]
 GB = 1e9
 SPACE_MARGIN = 64 << 20  # keep a little room for everything else on the disk
 
 
 # ---------------------------------------------------------------- sources
-def archive_sources(params: dict[str, Any]) -> dict[str, str]:
+@dataclass(frozen=True)
+class Download:
+    """The stage's job, from params.yaml: where each archive comes from, where it goes, how to fetch it."""
+
+    raw_dir: Path
+    cache_file: Path
+    root: Path  # relative local sources resolve against it (the project)
+    source: str  # download.source as given (recorded in download.json, credentials redacted)
+    sources: dict[str, str]  # archive name -> "sample", a local path or a URL
+    opts: FetchOptions
+    sample: SampleParams
+
+    @property
+    def uses_sample(self) -> bool:
+        return "sample" in self.sources.values()
+
+    def fetched(self) -> dict[str, str]:
+        """The archives that come from a path or URL (not from the built-in sample), in ARCHIVES order."""
+        return {name: source for name, source in self.sources.items() if source != "sample"}
+
+
+def plan(project: Project) -> Download:
+    params = project.params.download
+    return Download(project.path("raw"), project.path("work") / CACHE_NAME, project.root, params.source,
+                    archive_sources(params), FetchOptions.from_params(params), project.params.sample)
+
+
+def archive_sources(params: DownloadParams) -> dict[str, str]:
     """{archive name: source}: the per-archive override, else `<download.source>/<official name>`."""
-    source = str(params.get("source") or "sample")
+    source = params.source
     sources = {}
     for key, name in ARCHIVES.items():
-        override = params.get(key)
+        override = getattr(params, key)
         if override:
-            sources[name] = str(override)
+            sources[name] = override
         elif source == "sample":
             sources[name] = "sample"
         else:
@@ -42,16 +71,18 @@ def archive_sources(params: dict[str, Any]) -> dict[str, str]:
     return sources
 
 
-def local_path(source: str) -> Path:
+def local_path(source: str, root: Path = Path(".")) -> Path:
+    """The file a local source names (a `file://` URL or a path; relative paths against `root`, the project)."""
     parts = urlsplit(source)
     if parts.scheme == "file":
         return Path(urllib.request.url2pathname(parts.path))
-    return Path(source).expanduser()
+    return resolve_path(root, source)
 
 
-def check_local_sources(sources: dict[str, str]) -> None:
+def check_local_sources(sources: dict[str, str], root: Path = Path(".")) -> None:
     """Fail before touching anything when local sources are missing, naming all of them at once."""
-    missing = [str(local_path(s)) for s in sources.values() if kind(s) == "local" and not local_path(s).is_file()]
+    paths = [local_path(s, root) for s in sources.values() if kind(s) == "local"]
+    missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise PipelineError(f"expected the ILSVRC2012 archives at {', '.join(missing)}, found no such file"
                             f"{'s' if len(missing) > 1 else ''}. Set download.source in params.yaml to the "
@@ -73,9 +104,9 @@ def check_free_space(raw_dir: Path, needed: dict[str, int]) -> None:
 
 
 # ---------------------------------------------------------------- one archive
-def link_local(source: str, dest: Path) -> str:
+def link_local(source: str, dest: Path, root: Path = Path(".")) -> str:
     """Reference a local archive from dest: hard link (same filesystem) else symlink. Never copies."""
-    src = local_path(source)
+    src = local_path(source, root)
     if not src.is_file():
         raise PipelineError(f"{src}: expected the archive {dest.name} here, found "
                             f"{'a directory' if src.is_dir() else 'nothing'}. Set download.source to the "
@@ -103,12 +134,13 @@ def _origin(source: str) -> str:
     return f"download {redact(source)}"
 
 
-def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path) -> dict[str, Any]:
+def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path,
+                  root: Path = Path(".")) -> dict[str, Any]:
     """Bring one archive to raw_dir/name; returns its download.json record."""
     dest = raw_dir / name
     how = kind(source)
     if how == "local":
-        method = link_local(source, dest)
+        method = link_local(source, dest, root)
         return {"source": source, "bytes": dest.stat().st_size, "md5": None, "method": method}
     md5 = _unchanged_download(dest, source, cache_file)
     if md5 is None:
@@ -118,10 +150,9 @@ def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cac
     return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
 
 
-def fetch_sample(raw_dir: Path, sample_params: dict[str, Any], cache_file: Path) -> dict[str, dict[str, Any]]:
+def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[str, dict[str, Any]]:
     """Write the built-in sample into raw_dir; returns the download.json records of its archives."""
-    md5s = write_sample(raw_dir, **{k: sample_params[k] for k in
-                                    ("classes", "train_per_class", "val_per_class", "seed")})
+    md5s = write_sample(raw_dir, sample.classes, sample.train_per_class, sample.val_per_class, sample.seed)
     records = {}
     for name, md5 in md5s.items():
         remember_md5(raw_dir / name, md5, cache_file, "sample")
@@ -141,11 +172,11 @@ def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cac
     return needed
 
 
-def write_download_json(raw_dir: Path, params: dict[str, Any], records: dict[str, dict[str, Any]]) -> Path:
+def write_download_json(raw_dir: Path, source: str, records: dict[str, dict[str, Any]]) -> Path:
     """download.json (docs/CONTRACTS.md), plus one printed line per archive."""
     for name, r in sorted(records.items()):
         print(f"{name}: {r['bytes']:,} bytes, {r['method']} from {r['source']}")
     if any(r["method"] != "sample" for r in records.values()):
         (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
     return write_json(raw_dir / "download.json",
-                      {"source": redact(str(params.get("source") or "sample")), "archives": records})
+                      {"source": redact(source), "archives": records})

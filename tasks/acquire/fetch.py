@@ -24,6 +24,7 @@ import urllib3
 from tqdm import tqdm
 
 from tasks.common import PipelineError
+from tasks.common.params import DownloadParams
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,8 @@ class FetchOptions:
     progress: bool = True
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> FetchOptions:
-        return cls(int(params.get("retries", 5)), float(params.get("backoff_s", 1.0)),
-                   float(params.get("timeout_s", 60)), int(float(params.get("chunk_mb", 8)) * (1 << 20)))
+    def from_params(cls, params: DownloadParams) -> FetchOptions:
+        return cls(params.retries, params.backoff_s, params.timeout_s, int(params.chunk_mb * (1 << 20)))
 
 
 def redact(source: str) -> str:

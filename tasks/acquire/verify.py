@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
+from tasks.common.params import resolve_path
 from tasks.acquire.md5state import cached_md5, compute_md5, forget_md5, remember_md5
 from tasks.acquire.sample import MD5_TABLE
 
@@ -32,8 +33,9 @@ def read_md5_table(path: Path) -> dict[str, str]:
     return {name: md5.lower() for name, md5 in rows}
 
 
-def expected_md5s(checksums: str, raw_dir: Path) -> tuple[str, dict[str, str]]:
-    """(table kind, {archive name: expected md5}) for `verify.checksums`: auto | official | sample | <path>.
+def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tuple[str, dict[str, str]]:
+    """(table kind, {archive name: expected md5}) for `verify.checksums`: auto | official | sample | <path>
+    (relative to `root`, the project).
 
     Also removes a previous verify.json: only a run where every archive matched writes one."""
     (raw_dir / "verify.json").unlink(missing_ok=True)
@@ -45,7 +47,7 @@ def expected_md5s(checksums: str, raw_dir: Path) -> tuple[str, dict[str, str]]:
     if checksums in ("official", "sample"):
         table = read_md5_table(OFFICIAL_TABLE if checksums == "official" else raw_dir / MD5_TABLE)
     else:
-        table = read_md5_table(Path(checksums))
+        table = read_md5_table(resolve_path(root, checksums))
     missing = sorted(set(ARCHIVES.values()) - set(table))
     if missing:
         raise PipelineError(f"{checksums} MD5 table: expected a row for {', '.join(missing)}, found rows for "

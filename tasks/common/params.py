@@ -11,6 +11,7 @@ stage's params, so changing them reruns nothing (`dvc_params()` gives each stage
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +32,13 @@ class Section(BaseModel):
 
 
 class PathsParams(Section):
-    raw: str = Field(description="downloaded / linked archives")
-    manifests: str = Field(description="extract: per-split manifests")
-    label_map: str = Field(description="extract: the label map")
-    parquet: str = Field(description="convert: the shards")
-    work: str = Field(description="scratch: resume state, staging, temp files (not tracked)")
-    metrics: str = Field(description="DVC metrics JSON per stage")
-    reports: str = Field(description="validate: reports")
+    raw: str = Field(description="a directory: downloaded / linked archives")
+    manifests: str = Field(description="a directory: per-split manifests (extract)")
+    label_map: str = Field(description="a file: the label map (extract)")
+    parquet: str = Field(description="a directory: the shards (convert)")
+    work: str = Field(description="a directory: scratch space, resume state (not tracked)")
+    metrics: str = Field(description="a directory: DVC metrics JSON per stage")
+    reports: str = Field(description="a directory: reports (validate)")
 
 
 class SampleParams(Section):
@@ -52,9 +53,9 @@ Text = Annotated[str, Field(min_length=1)]
 
 class DownloadParams(Section):
     source: Text = Field(description="sample | a directory | a URL prefix (file://, http(s)://, s3://)")
-    train: Text | None
-    val: Text | None
-    devkit: Text | None
+    train: Text | None = Field(description="a path or URL of this archive (null: <source>/<official name>)")
+    val: Text | None = Field(description="a path or URL of this archive (null: <source>/<official name>)")
+    devkit: Text | None = Field(description="a path or URL of this archive (null: <source>/<official name>)")
     retries: int = Field(ge=0, le=1000, json_schema_extra=SPEED_ONLY)
     backoff_s: float = Field(ge=0, le=3600, json_schema_extra=SPEED_ONLY)
     timeout_s: float = Field(gt=0, le=86400, json_schema_extra=SPEED_ONLY)
@@ -86,11 +87,12 @@ class ConvertParams(Section):
     resize_shorter: Annotated[int, Field(ge=1, le=65536)] | None
     exif: Literal["keep", "transpose"]
     full_decode: bool
-    shard_mb: float = Field(ge=0.001, le=1 << 20)
+    shard_mb: int | float = Field(ge=0.001, le=1 << 20)  # int stays int: it is recorded in the shards
     row_group_rows: int = Field(ge=1, le=1 << 24)
     workers: int = Field(ge=1, le=4096, json_schema_extra=SPEED_ONLY)
     task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
-    dask_address: Text | None = Field(json_schema_extra=SPEED_ONLY)
+    dask_address: Text | None = Field(description="a Dask scheduler address (tcp://host:8786)",
+                                      json_schema_extra=SPEED_ONLY)
     max_bad_fraction: float = Field(ge=0, le=1)
     max_image_pixels: int = Field(ge=1, le=1 << 40)
 
@@ -136,7 +138,7 @@ class ValidateParams(Section):
 class Params(BaseModel):
     """The whole params.yaml."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     paths: PathsParams
     sample: SampleParams
@@ -144,7 +146,7 @@ class Params(BaseModel):
     verify: VerifyParams
     extract: ExtractParams
     convert: ConvertParams
-    validate_: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
+    validation: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
 
 
 # The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
@@ -174,23 +176,27 @@ def dvc_params(stage: str) -> list[str]:
 # ---------------------------------------------------------------- problems, named by key
 def describe(schema: dict[str, Any]) -> str:
     """What a JSON schema accepts, in words: `an integer in [1, 100]`, `one of passthrough, reencode`, ..."""
-    if "anyOf" in schema:
-        return " or ".join(describe(option) for option in schema["anyOf"])
+    options = schema.get("anyOf", [])
+    if {option.get("type") for option in options} == {"integer", "number"}:  # int | float: a number
+        schema = {**{k: v for k, v in schema.items() if k != "anyOf"}, "type": "number"}
+    elif options:
+        return " or ".join(describe(option) for option in options)
     if "enum" in schema:
         return "one of " + ", ".join(str(v) for v in schema["enum"])
     kind = schema.get("type")
+    if kind == "array" and "minItems" in schema and schema.get("minItems") == schema.get("maxItems"):
+        return f"a list of {schema['minItems']} values"
     words = {"integer": "an integer", "number": "a number", "boolean": "true or false", "null": "null",
              "string": "text", "array": "a list", "object": "a mapping"}.get(str(kind), "a value")
-    low, high = schema.get("minimum", schema.get("exclusiveMinimum")), schema.get("maximum")
-    if kind == "array" and schema.get("minItems") == schema.get("maxItems"):
-        return f"a list of {schema['minItems']} {describe(schema.get('items', {})).replace('an ', '').replace('a ', '')}s"
+    low, high = schema.get("minimum", schema.get("ge")), schema.get("maximum", schema.get("le"))
+    above = schema.get("exclusiveMinimum", schema.get("gt"))
+    if above is not None:
+        return f"{words} > {above}" + (f" and <= {high}" if high is not None else "")
     if low is not None and high is not None:
-        return f"{words} in [{low}, {high}]" if "minimum" in schema else f"{words} in ({low}, {high}]"
+        return f"{words} in [{low}, {high}]"
     if low is not None:
-        return f"{words} {'>=' if 'minimum' in schema else '>'} {low}"
-    if high is not None:
-        return f"{words} <= {high}"
-    return words
+        return f"{words} >= {low}"
+    return f"{words} <= {high}" if high is not None else words
 
 
 def _expected(section: str, key: str) -> str:
@@ -200,7 +206,7 @@ def _expected(section: str, key: str) -> str:
         return "a value"
     schema = model.model_json_schema()["properties"][key]
     options = [option.get("type") for option in schema.get("anyOf", [schema])]
-    if "description" in schema and "string" in options and "enum" not in schema:
+    if "description" in schema and {"string", "array"} & set(options) and "enum" not in schema:
         return schema["description"] + (" or null" if "null" in options else "")
     return describe(schema)
 
@@ -254,34 +260,31 @@ class Project:
 
     def resolve(self, value: str | os.PathLike[str]) -> Path:
         """A path given in params.yaml (or the run form): `~` expanded, relative ones against the project root."""
-        path = Path(value).expanduser()
-        return path if path.is_absolute() else self.root / path
+        return resolve_path(self.root, value)
+
+
+def resolve_path(root: Path, value: str | os.PathLike[str]) -> Path:
+    """How every path in params.yaml resolves, in every stage: `~` expanded, a relative path against `root`."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else root / path
 
 
 def load_project(params_file: str | os.PathLike[str] = "params.yaml") -> Project:
-    """Read and validate params.yaml whole (before any work starts)."""
+    """Read and validate params.yaml whole (before any work starts); an unchanged file is read only once."""
     file = Path(params_file).resolve()
     try:
-        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+        st = file.stat()
     except FileNotFoundError:
         raise PipelineError(f"{params_file}: expected the project's params.yaml, found no such file; run from the "
                             "project directory (where dvc.yaml is)") from None
+    return _load(file, st.st_mtime_ns, st.st_size, str(params_file))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
+    try:
+        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise PipelineError(f"{params_file}: expected valid YAML, found: {err}; fix the file") from None
-    return Project(file.parent, validate_params(doc, params_file), file)
+        raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
+    return Project(file.parent, validate_params(doc, shown), file)
 
-
-def load_params(section: str | None = None, params_file: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
-    """Return one section of params.yaml (or the whole file when section is None)."""
-    with open(params_file, encoding="utf-8") as fh:
-        params = yaml.safe_load(fh) or {}
-    if section is None:
-        return params
-    if section not in params:
-        raise PipelineError(f"{params_file}: expected a '{section}:' section, found sections {sorted(params)}")
-    return params[section]
-
-
-def paths(params_file: str | os.PathLike[str] = "params.yaml") -> dict[str, Path]:
-    """The `paths:` section of params.yaml as Path objects (the one place paths are stated)."""
-    return {key: Path(value) for key, value in load_params("paths", params_file).items()}

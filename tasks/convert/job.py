@@ -1,20 +1,17 @@
-"""The convert stage's job description: validated `convert:` params + the paths it reads and writes.
+"""The convert stage's job description: the output-relevant `convert:` params + the paths it reads and writes.
 
 A `Job` is small and picklable: it is what travels to worker processes / Dask workers with a shard's row range."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.common import PipelineError
 from tasks.common import SPLITS
+from tasks.common.params import ConvertParams
 from tasks.convert.imaging import Policy
-
-POLICIES = ("passthrough", "reencode")
-EXIF_POLICIES = ("keep", "transpose")
-RUNNERS = ("local", "dask")
 
 
 @dataclass(frozen=True)
@@ -57,52 +54,12 @@ class Job:
                 "shard_mb": self.shard_mb, "row_group_rows": self.row_group_rows}
 
 
-def job_from_params(cfg: dict[str, Any], paths: dict[str, Path], root: str | os.PathLike = ".") -> Job:
-    """Build a Job from params.yaml's `convert:` section and `paths:` (relative to `root`, the repo)."""
+def job_from_params(params: ConvertParams, paths: Mapping[str, Path], root: str | os.PathLike[str] = ".") -> Job:
+    """The Job for params.yaml's `convert:` section and `paths:` (relative ones resolve against `root`, the repo)."""
     root = Path(root)
-    policy = Policy(
-        policy=_choice(cfg, "policy", POLICIES),
-        quality=_int(cfg, "quality", 1, 100),
-        resize_shorter=None if cfg.get("resize_shorter") is None else _int(cfg, "resize_shorter", 1, 1 << 16),
-        exif=_choice(cfg, "exif", EXIF_POLICIES),
-        max_image_pixels=_int(cfg, "max_image_pixels", 1, 1 << 40),
-        full_decode=bool(cfg.get("full_decode", False)),
-    )
-    return Job(
-        manifests=root / paths["manifests"], label_map=root / paths["label_map"], parquet=root / paths["parquet"],
-        work=root / paths["work"], metrics=root / paths["metrics"] / "convert.json", policy=policy,
-        shard_mb=_number(cfg, "shard_mb", 0.001, 1 << 20),
-        row_group_rows=_int(cfg, "row_group_rows", 1, 1 << 24),
-        max_bad_fraction=_number(cfg, "max_bad_fraction", 0, 1), root=root,
-    )
-
-
-def runner_params(cfg: dict[str, Any]) -> tuple[str, int, str | None]:
-    """(task_runner, workers, dask_address), validated."""
-    runner = _choice(cfg, "task_runner", RUNNERS)
-    address = cfg.get("dask_address")
-    if runner == "dask" and not address:
-        raise PipelineError("params.yaml convert.dask_address: expected a scheduler address (tcp://host:8786) "
-                            "with task_runner: dask, found none; set it or use task_runner: local")
-    return runner, _int(cfg, "workers", 1, 4096), address
-
-
-def _choice(cfg: dict[str, Any], key: str, allowed: tuple[str, ...]) -> str:
-    value = cfg.get(key)
-    if value not in allowed:
-        raise PipelineError(f"params.yaml convert.{key}: expected one of {list(allowed)}, found {value!r}")
-    return value
-
-
-def _int(cfg: dict[str, Any], key: str, low: int, high: int) -> int:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise PipelineError(f"params.yaml convert.{key}: expected an integer in [{low}, {high}], found {value!r}")
-    return value
-
-
-def _number(cfg: dict[str, Any], key: str, low: float, high: float) -> float:
-    value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise PipelineError(f"params.yaml convert.{key}: expected a number in [{low}, {high}], found {value!r}")
-    return value
+    policy = Policy(policy=params.policy, quality=params.quality, resize_shorter=params.resize_shorter,
+                    exif=params.exif, max_image_pixels=params.max_image_pixels, full_decode=params.full_decode)
+    return Job(manifests=root / paths["manifests"], label_map=root / paths["label_map"], parquet=root / paths["parquet"],
+               work=root / paths["work"], metrics=root / paths["metrics"] / "convert.json", policy=policy,
+               shard_mb=params.shard_mb, row_group_rows=params.row_group_rows,
+               max_bad_fraction=params.max_bad_fraction, root=root)

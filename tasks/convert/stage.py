@@ -2,16 +2,14 @@
 
 `prepare` plans shards (deterministically, from the manifests alone), `convert_shard` writes one shard streaming
 row groups (resuming: a shard finished for the same plan is kept), `finalize` writes bad_images.jsonl and the
-metrics. `run_local` chains them over a process pool without Prefect (library use, benchmarks)."""
+metrics. `tasks.convert.distribute` runs them over processes or Dask workers."""
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,26 +85,6 @@ def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], se
     write_json(job.metrics, metrics)
     _check_bad_fraction(job, metrics)
     return metrics
-
-
-def run_local(job: Job, workers: int = 1, progress: bool = True, pool: Executor | None = None) -> dict[str, Any]:
-    """The whole stage without Prefect: shards over `workers` processes (1 = in this process), or on `pool`."""
-    started = time.perf_counter()
-    plans = prepare(job)
-    bar = Progress(plans, enabled=progress)
-    if pool is None and workers <= 1:
-        results = [bar.update(convert_shard(job, plan)) for plan in plans]
-    else:
-        # forkserver: workers fork from a clean server process, not from a caller that may hold threads/locks
-        own = pool or ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
-        try:
-            futures = [own.submit(convert_shard, job, plan) for plan in plans]
-            results = [bar.update(f.result()) for f in as_completed(futures)]
-        finally:
-            if pool is None:
-                own.shutdown()
-    bar.close()
-    return finalize(job, plans, results, time.perf_counter() - started)
 
 
 class Progress:

@@ -3,6 +3,10 @@
 The Prefect UI renders `RunParams` as the deployment's run form. A run writes the chosen values into params.yaml
 (targeted round-trip edits that keep comments and every other key), then runs `dvc repro`: params.yaml stays the
 one record of what a run used, `dvc params diff` shows it and a later `dvc repro` reproduces it.
+
+The fields that map onto a params.yaml key take that key's type and bounds from its model (tasks.common.params),
+so the form accepts exactly what the pipeline accepts; the edited params.yaml is validated whole before it is
+written.
 """
 from __future__ import annotations
 
@@ -11,12 +15,33 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ruamel.yaml import YAML
+from yaml import safe_load
 
 from tasks.common import PipelineError, atomic_path
+from tasks.common.params import SECTIONS, resolve_path, validate_params
+
+
+def _like(section: str, key: str) -> Any:
+    """The type of params.yaml `<section>.<key>` with its constraints (bounds, choices), for a form field."""
+    info = SECTIONS[section].model_fields[key]
+    return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+
+
+# Form fields that are params.yaml keys: their types and bounds come from the params models (one set of rules).
+PARAMS_FIELDS = {"policy": ("convert", "policy"), "quality": ("convert", "quality"),
+                 "resize_shorter": ("convert", "resize_shorter")}
+if TYPE_CHECKING:  # what the models say, spelled out for type checkers
+    PolicyField = str
+    QualityField = int
+    ResizeField = int | None
+else:
+    PolicyField = _like(*PARAMS_FIELDS["policy"])
+    QualityField = _like(*PARAMS_FIELDS["quality"])
+    ResizeField = _like(*PARAMS_FIELDS["resize_shorter"])
 
 
 class SourcePreset(str, Enum):
@@ -33,13 +58,6 @@ class ClassSubset(str, Enum):
     all = "all"
     imagenet100 = "imagenet100"
     file = "file"
-
-
-class EncodingPolicy(str, Enum):
-    """What happens to the image bytes."""
-
-    passthrough = "passthrough"
-    reencode = "reencode"
 
 
 @dataclass(frozen=True)
@@ -63,8 +81,6 @@ RULES = (
          "the imagenet100-folder preset needs `location`: the directory holding train/WNID/ and val/WNID/"),
     Rule("classes", (ClassSubset.file.value,), "classes_file", None,
          "classes=file needs `classes_file`: a text file with one wnid per line"),
-    Rule("resize_shorter", None, "policy", (EncodingPolicy.reencode.value,),
-         "resize_shorter needs policy=reencode (passthrough stores the archive's bytes unchanged)"),
 )
 
 
@@ -99,12 +115,12 @@ class RunParams(BaseModel):
         "file: the wnids listed in `classes_file`."))
     classes_file: str | None = Field(None, title="Class list file",
                                      description="With classes=file: a text file with one wnid per line.")
-    policy: EncodingPolicy = Field(EncodingPolicy.passthrough, title="Encoding policy", description=(
-        "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images are still converted). "
-        "reencode: decode and re-encode every image as JPEG at `quality`."))
-    quality: int = Field(90, ge=1, le=100, title="JPEG quality", description="When an image is (re-)encoded.")
-    resize_shorter: int | None = Field(None, ge=16, le=4096, title="Resize shorter side", description=(
-        "With policy=reencode: resize so the shorter side has this many pixels (never upscaled). "
+    policy: PolicyField = Field("passthrough", title="Encoding policy", description=(
+        "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images, and images larger than "
+        "`resize_shorter`, are still converted). reencode: decode and re-encode every image as JPEG at `quality`."))
+    quality: QualityField = Field(90, title="JPEG quality", description="When an image is (re-)encoded.")
+    resize_shorter: ResizeField = Field(None, title="Resize shorter side", description=(
+        "Resize images whose shorter side is larger to this many pixels (re-encoded; never upscaled). "
         "Empty: keep the size."))
     push: bool = Field(False, title="dvc push", description=(
         "After a successful run, `dvc push` the tracked outputs (Parquet, label map, reports) to the default "
@@ -129,7 +145,7 @@ def params_updates(form: RunParams) -> dict[tuple[str, str], Any]:
         ("extract", "mode"): "folder" if folder else "archives",
         ("extract", "folder"): form.location if folder else None,
         ("extract", "classes"): classes,
-        ("convert", "policy"): form.policy.value,
+        ("convert", "policy"): form.policy,
         ("convert", "quality"): form.quality,
         ("convert", "resize_shorter"): form.resize_shorter,
     }
@@ -145,7 +161,8 @@ def _yaml() -> YAML:
 def apply_params(params_file: str | os.PathLike, updates: dict[tuple[str, str], Any]) -> dict[str, tuple[Any, Any]]:
     """Write `updates` into params_file in place; return {"section.key": (old, new)} for the values that changed.
 
-    The file is rewritten (atomically) only when a value changes; everything else in it is kept as written."""
+    The file is rewritten (atomically) only when a value changes, and only when the result validates whole
+    (tasks.common.params); everything else in it is kept as written."""
     params_file = Path(params_file)
     yaml = _yaml()
     doc = yaml.load(params_file.read_text(encoding="utf-8"))
@@ -160,6 +177,7 @@ def apply_params(params_file: str | os.PathLike, updates: dict[tuple[str, str], 
     if changed:
         text = io.StringIO()
         yaml.dump(doc, text)
+        validate_params(safe_load(text.getvalue()), f"{params_file} (with the run form's values)")
         with atomic_path(params_file) as tmp:
             tmp.write_text(text.getvalue(), encoding="utf-8")
     return changed
@@ -175,7 +193,6 @@ def preflight(form: RunParams, project: Path) -> None:
     if form.classes is ClassSubset.file:
         local.append(("classes_file", form.classes_file))
     for field, value in local:
-        path = Path(value or "").expanduser()
-        if value and not _is_url(value) and not (project / path).exists():
+        if value and not _is_url(value) and not resolve_path(project, value).exists():
             raise PipelineError(f"run form: `{field}` is {value!r}, which does not exist on this machine "
                                 f"(looked from {project}); expected an existing path — fix the field and run again")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common import DATA_DIR, PipelineError
+from tasks.common.params import resolve_path
 from tasks.common.synsets import WNID, Synset, shipped_synsets
 
 SUBSETS = {"imagenet100": DATA_DIR / "imagenet100_cmc.txt"}  # named subsets the project ships
@@ -23,13 +24,14 @@ def unique_names(catalog: dict[str, Synset]) -> dict[str, str]:
             for wnid, s in catalog.items()}
 
 
-def read_class_list(spec: str | os.PathLike | None) -> list[str] | None:
-    """`all` (or None) → None; `imagenet100` → the shipped CMC list; else a file of one wnid per line.
+def read_class_list(spec: str | os.PathLike | None, root: Path = Path(".")) -> list[str] | None:
+    """`all` (or None) → None; `imagenet100` → the shipped CMC list; else a file of one wnid per line (a relative
+    path against `root`, the project).
 
     Blank lines and `#` comments are ignored; a malformed or repeated wnid fails naming the line."""
     if spec is None or str(spec) == "all":
         return None
-    path = SUBSETS.get(str(spec), Path(spec))
+    path = SUBSETS.get(str(spec), resolve_path(root, spec))
     if not path.is_file():
         raise PipelineError(f"params.yaml extract.classes: expected all, {', '.join(SUBSETS)} or a file of "
                             f"wnids, found {str(spec)!r} (no such file); fix the parameter")

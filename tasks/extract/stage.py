@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ import pyarrow.parquet as pq
 
 from tasks.extract import devkit as dk
 from tasks.extract import classes as labels
-from tasks.common import SPLITS, PipelineError, atomic_path, write_json
+from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.layout import MANIFEST_SCHEMA
+from tasks.common.params import Project, resolve_path
 from tasks.common.synsets import Synset, shipped_synsets
 from tasks.extract.folder_scan import scan_folder_split, source_path
 from tasks.extract.tarindex import index_nested, index_tar
@@ -30,18 +32,53 @@ STAGING_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name not in ("split"
 SORT_KEYS = [(key, "ascending") for key in ("wnid", "name", "source", "member", "offset")]
 
 
-def check_params(cfg: dict[str, Any]) -> None:
-    """Fail early (before hours of scanning) on a malformed `extract:` section."""
-    problems = []
-    if cfg.get("mode") not in ("archives", "folder"):
-        problems.append(f"mode: expected archives or folder, found {cfg.get('mode')!r}")
-    if cfg.get("mode") == "folder" and not cfg.get("folder"):
-        problems.append("folder: expected the root of the train/<wnid>, val/<wnid> tree, found null")
-    if not isinstance(cfg.get("materialize"), bool):
-        problems.append(f"materialize: expected true or false, found {cfg.get('materialize')!r}")
-    if problems:
-        raise PipelineError("params.yaml extract: " + "; ".join(problems) + "; fix params.yaml")
-    labels.read_class_list(cfg.get("classes", "all"))
+@dataclass(frozen=True)
+class ExtractJob:
+    """The stage's job, from params.yaml `extract:` and `paths:` (every path absolute)."""
+
+    mode: str  # archives | folder
+    inputs: dict[str, Path]  # split -> the archive (archives mode) or the tree's <split> parent folder (folder)
+    devkit: Path
+    staging: Path
+    manifests: Path
+    label_map: Path
+    tree: Path | None  # the ImageFolder tree to write (materialize, archives mode only)
+    classes: str  # as given: all | imagenet100 | a file (recorded in extract_report.json)
+    val_labels: str  # as given: devkit | a CSV
+    root: Path  # the project: manifest `source` paths are relative to it, and so are the files above
+
+    @property
+    def archives(self) -> bool:
+        return self.mode == "archives"
+
+
+def job_from_params(project: Project) -> ExtractJob:
+    """The job; an unreadable class list fails now, before hours of scanning."""
+    params, raw, work = project.params.extract, project.path("raw"), project.path("work")
+    archives = params.mode == "archives"
+    folder = project.resolve(params.folder) if params.folder else None
+    inputs = {split: raw / ARCHIVES[split] if archives else folder for split in SPLITS}
+    if params.materialize and not archives:
+        log.warning("extract.materialize ignored in folder mode: the input already is an ImageFolder tree")
+    job = ExtractJob(params.mode, inputs, raw / ARCHIVES["devkit"], work / "extract", project.path("manifests"),
+                     project.path("label_map"), work / "imagefolder" if params.materialize and archives else None,
+                     params.classes, params.val_labels, project.root)
+    labels.read_class_list(job.classes, job.root)
+    return job
+
+
+def scan_split(job: ExtractJob, split: str) -> Path:
+    """Index one split's input into the staging directory; return the staging index path."""
+    if job.archives:
+        return scan_archive_split(split, job.inputs[split], job.staging, job.root)
+    return scan_folder_split_to(split, job.inputs[split], job.staging, job.root)
+
+
+def finalize_job(job: ExtractJob) -> dict[str, Any]:
+    """`finalize` with the job's paths and params."""
+    return finalize(job.staging, job.manifests, job.label_map, mode=job.mode, val_labels=job.val_labels,
+                    classes=job.classes, devkit_path=job.devkit, imagefolder=source_path(job.tree, job.root) if job.tree else None,
+                    root=job.root)
 
 
 def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str,
@@ -77,7 +114,7 @@ def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, An
     return pq.read_table(staging_dir / f"{split}.parquet", schema=STAGING_SCHEMA), scan
 
 
-def _label_val(val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None
+def _label_val(val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None, root: Path
                ) -> tuple[pa.Table, dict[str, Synset], str, str]:
     """Archives mode: give every val row its wnid; return (val, catalog, catalog name, label source)."""
     names = val.column("name").to_pylist()
@@ -87,7 +124,7 @@ def _label_val(val: pa.Table, val_where: str, val_labels: str, devkit_path: Path
     if val_labels == "devkit":
         mapping = dk.labels_from_devkit(devkit, names, f"{devkit_path}:{dk.GROUND_TRUTH}")  # type: ignore[arg-type]
     else:
-        mapping = dk.read_label_csv(val_labels)
+        mapping = dk.read_label_csv(resolve_path(root, val_labels))
         dk.check_label_coverage(mapping, names, val_labels, val_where)
     wnids = pa.array([mapping[name] for name in names], pa.string())
     return val.set_column(val.schema.get_field_index("wnid"), "wnid", wnids), catalog, catalog_name, \
@@ -110,8 +147,11 @@ def _write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
 
 def finalize(staging_dir: str | os.PathLike, manifests_dir: str | os.PathLike, label_map_path: str | os.PathLike,
              mode: str = "archives", val_labels: str = "devkit", classes: str = "all",
-             devkit_path: str | os.PathLike | None = None, imagefolder: str | None = None) -> dict[str, Any]:
-    """Label val, select classes, check train/val agree; write manifests, extract_report.json, label map."""
+             devkit_path: str | os.PathLike | None = None, imagefolder: str | None = None,
+             root: str | os.PathLike = ".") -> dict[str, Any]:
+    """Label val, select classes, check train/val agree; write manifests, extract_report.json, label map.
+
+    `classes` and `val_labels` name files relative to `root` (the project) when they are paths."""
     staging = {split: _read_staging(Path(staging_dir), split) for split in SPLITS}
     tables = {split: table for split, (table, _) in staging.items()}
     where = {split: scan["where"] for split, (_, scan) in staging.items()}
@@ -121,11 +161,11 @@ def finalize(staging_dir: str | os.PathLike, manifests_dir: str | os.PathLike, l
         catalog, catalog_name, label_source = shipped_synsets(), "tasks/common/data/synsets.tsv", "folder"
     else:
         tables["val"], catalog, catalog_name, label_source = _label_val(
-            tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None)
+            tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root))
     found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
     for split in SPLITS:
         labels.check_known(found[split], catalog, where[split], catalog_name)
-    keep = labels.select_classes(found["train"], found["val"], labels.read_class_list(classes),
+    keep = labels.select_classes(found["train"], found["val"], labels.read_class_list(classes, Path(root)),
                                  where["train"], where["val"])
     label_map = labels.label_map(keep, catalog, label_source)
     label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}

@@ -13,6 +13,7 @@ from tasks.common import atomic_path, write_json
 from imagenet_parquet.format import FIELDS
 from tasks.common import SPLITS
 from tasks.common.layout import REPORT_MD
+from tasks.common.params import ValidateParams
 
 REPORT_JSON = "schema_report.json"
 CLASS_COUNTS_CSV = "class_counts.csv"
@@ -31,13 +32,13 @@ def plain(value: Any) -> Any:
 
 def build_report(results: list[CheckResult], splits: dict[str, dict[str, int]], classes: pd.DataFrame,
                  counts: dict[str, Any], bad: pd.DataFrame, label_map: dict[str, Any],
-                 params: dict[str, Any]) -> dict[str, Any]:
+                 params: ValidateParams) -> dict[str, Any]:
     """Everything the reviewer reads, deterministic (no timestamps)."""
     statuses = {r.status for r in results}
     status = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "pass"
     return plain({
         "status": status,
-        "params": params,
+        "params": params.model_dump(),
         "schema": {"columns": [{"name": n, "type": str(t)} for n, t in FIELDS],
                    "metadata": ["huggingface", "imagenet_parquet"]},
         "label_map": {"num_classes": label_map["num_classes"], "label_source": label_map.get("label_source")},
@@ -45,7 +46,7 @@ def build_report(results: list[CheckResult], splits: dict[str, dict[str, int]], 
         "class_counts": counts,
         "classes": classes.to_dict("records"),
         "bad_images": {"count": len(bad), "by_reason": bad["reason"].value_counts().sort_index().to_dict(),
-                       "examples": bad.head(params["report_examples"]).to_dict("records")},
+                       "examples": bad.head(params.report_examples).to_dict("records")},
         "checks": [r.as_dict() for r in results],
         "contact_sheet": CONTACT_SHEET,
     })

@@ -203,14 +203,9 @@ def decode_mask(meta: pd.DataFrame, sample: int | float | str, seed: int = 0) ->
 
 
 def sample_size(rows: int, sample: int | float | str) -> int:
-    """How many of `rows` to decode for the `decode_sample` param."""
+    """How many of `rows` to decode for the `decode_sample` param (checked by tasks.common.params)."""
     if sample == "all":
         return rows
-    if isinstance(sample, bool) or not isinstance(sample, (int, float)) or sample < 0 or (
-            isinstance(sample, float) and sample > 1):
-        raise PipelineError(
-            f"params.yaml validate.decode_sample: expected a row count (int >= 0), a fraction (0..1) or "
-            f"\"all\", found {sample!r}; fix params.yaml")
     if isinstance(sample, float):
         return min(rows, int(np.ceil(sample * rows)))
-    return min(rows, sample)
+    return min(rows, int(sample))

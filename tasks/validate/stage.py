@@ -13,12 +13,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from tasks.validate.checks import CheckResult, DESCRIPTIONS, pandera_checks, row_failures, shard_schema_check
-from tasks.common import PipelineError
+from tasks.common import SPLITS, PipelineError
+from tasks.common.params import ValidateParams
 from tasks.common.layout import BAD_IMAGES
 from tasks.validate.dataset_checks import class_count_check, class_set_check, class_table, count_summary, leakage_check, manifest_check, manifest_label_check
 from imagenet_parquet.format import COLUMNS, read_label_map
-from tasks.common import SPLITS
-from tasks.validate.scan import ByteFindings, decode_mask, list_shards, read_metadata, sample_size, scan_bytes
+from tasks.validate.scan import ByteFindings, decode_mask, list_shards, read_metadata, scan_bytes
 from tasks.validate.report import build_report, failure_summary
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
@@ -51,42 +51,30 @@ def load_bad_images(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=BAD_IMAGE_FIELDS).astype({"reason": str})
 
 
-def check_params(params: dict[str, Any]) -> None:
-    """The `validate:` params, with a clear message for a malformed one."""
-    for key in ("train_count", "val_count"):
-        bounds = params.get(key)
-        if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
-                and 0 <= bounds[0] <= bounds[1]):
-            raise PipelineError(f"params.yaml validate.{key}: expected [min, max] images per class with "
-                                f"0 <= min <= max, found {bounds!r}; fix params.yaml")
-    sample_size(0, params["decode_sample"])
-
-
 def run_validation(parquet_dir: str | Path, manifests_dir: str | Path, label_map_path: str | Path,
-                   params: dict[str, Any]) -> dict[str, Any]:
+                   params: ValidateParams) -> dict[str, Any]:
     """Every check over the dataset; returns the report dict (see tasks.validate.report.build_report)."""
-    check_params(params)
     label_map = read_label_map(label_map_path)
     manifests = load_manifests(manifests_dir)
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     meta, plan = read_metadata(list_shards(parquet_dir))
-    limit = params["report_examples"]
+    limit = params.report_examples
     results = shard_schema_check([(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan], label_map,
                                  limit)
     results += pandera_checks(meta, label_map, limit)
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
     classes = class_table(meta, label_map)
-    counts = count_summary(classes, {s: params[f"{s}_count"] for s in SPLITS})
+    counts = count_summary(classes, {"train": params.train_count, "val": params.val_count})
     results += [class_set_check(classes, limit), class_count_check(classes, counts, limit)]
     manifest_result, totals = manifest_check(meta, manifests, bad, limit)
     results += [manifest_result, manifest_label_check(meta, manifests, limit)]
-    findings = scan_bytes(plan, meta, decode_mask(meta, params["decode_sample"]))
+    findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample))
     results += [row_failures("jpeg_soi", meta, findings.not_jpeg, limit, "stored images are JPEG"),
                 row_failures("sha256_match", meta, findings.hash_mismatch, limit, "hashes match"),
                 _index_check(meta, findings, len(plan), limit),
                 row_failures("decode", meta, findings.undecodable, limit,
                              f"{sum(findings.decoded.values())} sampled rows decode"),
-                leakage_check(meta, params["leakage_max_pairs"], limit)]
+                leakage_check(meta, params.leakage_max_pairs, limit)]
     splits = {s: {**totals[s], "shards": sum(p.split == s for p in plan), "classes": int((classes[s] > 0).sum()),
                   "image_bytes": findings.image_bytes.get(s, 0), "decoded": findings.decoded.get(s, 0)}
               for s in SPLITS}

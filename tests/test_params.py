@@ -1,0 +1,155 @@
+"""params.yaml as typed models: unknown keys refused, every problem named by key, paths resolved one way, the run
+form agreeing with the models, dvc.yaml's params lists following the models."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from params_helpers import REPO, project, repo_doc, write_params
+from tasks.acquire import download as dl
+from tasks.acquire.verify import expected_md5s
+from tasks.common import PipelineError
+from tasks.common.params import STAGE_SECTIONS, dvc_params, load_project, validate_params
+from tasks.convert.job import job_from_params
+from tasks.deploy.run_form import PARAMS_FIELDS, RunParams, apply_params, params_updates
+from tasks.extract import stage as extract
+
+
+def test_the_repository_params_validate():
+    loaded = load_project(REPO / "params.yaml")
+    assert loaded.root == REPO and loaded.path("parquet") == REPO / "data" / "parquet"
+
+
+@pytest.mark.parametrize("section, overrides, message", [
+    ("convert", {"qualty": 50}, "convert.qualty: unknown key (did you mean quality?)"),
+    ("download", {"retries": "many"}, "download.retries: expected an integer in [0, 1000], found 'many'"),
+    ("download", {"retries": -1}, "download.retries: expected an integer in [0, 1000], found -1"),
+    ("convert", {"resize_shorter": 0}, "convert.resize_shorter: expected an integer in [1, 65536] or null, found 0"),
+    ("convert", {"workers": True}, "convert.workers: expected an integer in [1, 4096], found True"),
+    ("convert", {"policy": "fast"}, "convert.policy: expected one of passthrough, reencode, found 'fast'"),
+    ("convert", {"task_runner": "dask", "dask_address": None},
+     "convert.dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, found null"),
+    ("extract", {"mode": "folder", "folder": None}, "extract.folder: expected the root of the train/<wnid>"),
+    ("extract", {"materialize": "yes"}, "extract.materialize: expected true or false, found 'yes'"),
+    ("validate", {"decode_sample": "some"}, "validate.decode_sample: expected a row count (int >= 0), a fraction"),
+    ("validate", {"train_count": [5, 1]}, "validate.train_count: expected [min, max] with min <= max, found [5, 1]"),
+    ("verify", {"checksums": ""}, "verify.checksums: expected auto | official | sample | a name<TAB>md5 table"),
+    ("sample", {"classes": 0}, "sample.classes: expected an integer in [1, 1000], found 0"),
+])
+def test_a_bad_value_names_the_key_what_was_expected_and_what_was_found(tmp_path, section, overrides, message):
+    with pytest.raises(PipelineError) as err:
+        project(tmp_path, **{section: overrides})
+    assert message in str(err.value)
+    assert "fix them and run again" in str(err.value)
+
+
+def test_every_problem_is_listed_at_once_and_unknown_sections_too():
+    doc = repo_doc()
+    doc["convrt"] = {}
+    del doc["sample"]["seed"]
+    doc["download"]["timeout_s"] = 0
+    with pytest.raises(PipelineError) as err:
+        validate_params(doc, "params.yaml")
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("params.yaml: 3 problem(s)")
+    assert lines[1:] == ["  - convrt: unknown key (did you mean convert?)",
+                         "  - download.timeout_s: expected a number > 0 and <= 86400, found 0",
+                         "  - sample.seed: missing; expected an integer >= 0"]
+
+
+def test_a_stage_command_stops_before_any_work_and_prints_no_traceback(tmp_path):
+    params = write_params(tmp_path)
+    params.write_text(params.read_text().replace("retries: 5", "retries: many\n  colour: red"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)  # no server needed: the check comes first
+    done = subprocess.run([sys.executable, "-m", "flows.download"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "download.retries: expected an integer in [0, 1000], found 'many'" in done.stderr
+    assert "download.colour: unknown key" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "data").exists()  # nothing was written
+
+
+def test_paths_resolve_against_the_params_file_whatever_the_working_directory(tmp_path, monkeypatch):
+    root, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (root / "tree" / "train").mkdir(parents=True)
+    (root / "lists").mkdir()
+    (root / "lists" / "classes.txt").write_text("n01440764\n")
+    (root / "md5.tsv").write_text("name\tmd5\n" + "".join(f"{n}\t{'0' * 32}\n" for n in dl.ARCHIVES.values()))
+    setup = project(root, extract={"mode": "folder", "folder": "tree", "classes": "lists/classes.txt"},
+                    download={"source": "archives"}, verify={"checksums": "md5.tsv"})
+    job = dl.plan(setup)
+    assert job.raw_dir == root / "data" / "raw" and job.cache_file.parent == root / "data" / "scratch"
+    with pytest.raises(PipelineError, match=str(root / "archives" / dl.ARCHIVES["train"])):
+        dl.check_local_sources(job.sources, job.root)
+    assert expected_md5s("md5.tsv", root / "data" / "raw", setup.root)[0] == "md5.tsv"
+    scan = extract.job_from_params(setup)  # reads the class list (relative to the project) at once
+    assert scan.inputs == {"train": root / "tree", "val": root / "tree"} and scan.staging.is_relative_to(root)
+    convert = job_from_params(setup.params.convert, setup.paths, setup.root)
+    assert convert.parquet == root / "data" / "parquet" and convert.root == root
+    assert not any(elsewhere.iterdir())
+
+
+def test_the_dvc_yaml_params_of_each_stage_leave_out_exactly_the_speed_only_keys():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert set(stages) == set(STAGE_SECTIONS)
+    for stage in STAGE_SECTIONS:
+        assert stages[stage]["params"] == dvc_params(stage), stage
+    speed = {"download.retries", "download.backoff_s", "download.timeout_s", "download.chunk_mb",
+             "extract.materialize", "convert.workers", "convert.task_runner", "convert.dask_address"}
+    listed = {key for stage in STAGE_SECTIONS for key in dvc_params(stage)}
+    assert not speed & listed and {"download.source", "convert.quality", "validate"} <= listed
+
+
+# ---------------------------------------------------------------- the run form and the models agree
+def _constraints(schema: dict) -> dict:
+    return {k: v for k, v in schema.items() if k not in ("title", "description", "default")}
+
+
+def test_form_fields_that_are_params_keys_take_the_models_types_and_bounds():
+    from tasks.common.params import SECTIONS
+
+    form = RunParams.model_json_schema()["properties"]
+    for field, (section, key) in PARAMS_FIELDS.items():
+        model = SECTIONS[section].model_json_schema()["properties"][key]
+        assert _constraints(form[field]) == _constraints(model), field
+
+
+@pytest.mark.parametrize("policy", ["passthrough", "reencode", "lossless"])
+@pytest.mark.parametrize("quality", [0, 1, 100, 101])
+@pytest.mark.parametrize("resize_shorter", [None, 0, 1, 16, 65536, 65537])
+def test_the_form_accepts_exactly_what_the_pipeline_accepts(tmp_path, policy, quality, resize_shorter):
+    fields = {"policy": policy, "quality": quality, "resize_shorter": resize_shorter}
+    try:
+        form = RunParams(**fields)
+    except ValidationError:
+        form = None
+    try:
+        project(tmp_path, convert=fields)
+        pipeline_accepts = True
+    except PipelineError:
+        pipeline_accepts = False
+    assert (form is not None) == pipeline_accepts, fields
+    if form is not None:  # and what the form writes validates whole
+        params_file = tmp_path / "params.yaml"
+        params_file.write_text((REPO / "params.yaml").read_text())
+        apply_params(params_file, params_updates(form))
+        assert load_project(params_file).params.convert.resize_shorter == resize_shorter
+
+
+def test_a_form_value_the_models_refuse_never_reaches_params_yaml(tmp_path):
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((REPO / "params.yaml").read_text())
+    before = params_file.read_text()
+    with pytest.raises(PipelineError, match=r"convert.quality: expected an integer in \[1, 100\], found 500"):
+        apply_params(params_file, {("convert", "quality"): 500})
+    assert params_file.read_text() == before

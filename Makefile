@@ -1,17 +1,19 @@
-# `make run`: the pipeline on the built-in sample (dvc repro). `make test`: the test suite.
-# Both create .venv and install the project on first use.
+# `make run`: the pipeline on the built-in sample (dvc repro). `make test`: the test suite. `make lint`: ruff (lint and
+# format check) and mypy over tasks/, flows/, imagenet_parquet/ (ruff.toml, mypy.ini).
+# All create .venv and install the project with the pipeline, test and lint extras on first use (the base install,
+# `pip install .`, is only the reader: pyarrow, pillow, numpy).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test serve server remote-local remote-s3 bench clean
+.PHONY: run test lint serve server remote-local remote-s3 bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]' '$(TORCH_SPEC)'
+	$(BIN)/python -m pip install -q -e '.[pipeline,test,lint]' '$(TORCH_SPEC)'
 	touch $@
 
 run: $(STAMP)
@@ -19,6 +21,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q
+
+LINT_PATHS := tasks flows imagenet_parquet
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS) && $(BIN)/ruff format --check $(LINT_PATHS) && $(BIN)/mypy $(LINT_PATHS)
 
 clean:
 	rm -rf data .venv

@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 from tasks.acquire import download as dl  # noqa: E402
 from tasks.common import ARCHIVES  # noqa: E402
 from tasks.acquire.verify import check_archive  # noqa: E402
-from tests.conftest import free_port, wait_http  # noqa: E402
+from tests.helpers.servers import free_port, wait_http  # noqa: E402
 
 NAME = ARCHIVES["val"]
 
@@ -60,8 +60,8 @@ def run(mb: int, work: Path) -> list[tuple[str, float, float, str]]:
     base = time.perf_counter() - t0
     rows.append(("md5sum (baseline)", base, 1.0, "1 read of the file"))
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "rangeserver.py"), str(srv_root), str(port)],
-                              stdout=subprocess.DEVNULL)
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "servers.py"), str(srv_root),
+                               str(port)], stdout=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{port}/{NAME}")
         opts = dl.FetchOptions(progress=False)

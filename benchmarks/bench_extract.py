@@ -23,8 +23,11 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from conftest import copy_project, free_port, wait_http  # noqa: E402  (the tests' project copy, isolated PREFECT_HOME)
+sys.path.insert(0, str(REPO))
+from tests.helpers.project import copy_project  # noqa: E402  (the tests' project copy)
+from tests.helpers.servers import free_port, isolate_prefect, wait_http  # noqa: E402
+
+isolate_prefect()  # the tests' isolated PREFECT_HOME (before anything imports prefect)
 
 from tasks.extract import materialize as imagefolder, stage as extract  # noqa: E402
 from tasks.common import ARCHIVES  # noqa: E402

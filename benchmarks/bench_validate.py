@@ -25,9 +25,10 @@ WORK = REPO / "benchmarks" / "_work" / "validate"
 
 def build(root: Path, rows: int, blob_mb: float, row_group_rows: int) -> Path:
     """A valid dataset of `rows` train images (val: a quarter of them, at least one per class)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO))
     import numpy as np
-    from validate_fixtures import make_dataset
+
+    from tests.helpers.datasets import make_dataset
 
     size = int(blob_mb * (1 << 20))
     per_class = max(1, rows // 4)

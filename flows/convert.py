@@ -23,10 +23,11 @@ from tasks.convert import stage as convert
 from tasks.convert.distribute import Distribution
 from tasks.convert.job import job_from_params
 
-plan_shards = task(convert.prepare, name="plan-shards", cache_policy=NO_CACHE)
-convert_shard = task(distribute.convert_in_pool, name="convert-shard",
-                     task_run_name="{plan.split}-{plan.index:05d}", cache_policy=NO_CACHE)
-finalize = task(convert.finalize, name="bad-images-and-metrics", cache_policy=NO_CACHE)
+plan_shards = task(name="plan-shards", cache_policy=NO_CACHE)(convert.prepare)
+convert_shard = task(name="convert-shard", task_run_name="{plan.split}-{plan.index:05d}", cache_policy=NO_CACHE)(
+    distribute.convert_in_pool
+)
+finalize = task(name="bad-images-and-metrics", cache_policy=NO_CACHE)(convert.finalize)
 
 
 @flow(name="convert")
@@ -44,10 +45,10 @@ def convert_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     return finalize(job, plans, results, time.perf_counter() - started)
 
 
-def task_runner(dist: Distribution) -> TaskRunner:  # type: ignore[type-arg]
+def task_runner(dist: Distribution) -> TaskRunner[Any]:
     """Threads of this process (local: each hands its shard to the process pool), or an existing Dask scheduler."""
     if dist.runner == "dask":
-        from prefect_dask import DaskTaskRunner
+        from prefect_dask.task_runners import DaskTaskRunner
 
         return DaskTaskRunner(address=dist.address)
     return ThreadPoolTaskRunner(max_workers=dist.workers)

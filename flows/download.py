@@ -24,12 +24,12 @@ def _network_failure(_task: Any, _run: Any, state: Any) -> bool:
     return False
 
 
-check_local_sources = task(dl.check_local_sources, name="check-local-sources")
-space_needed = task(dl.space_needed, name="space-needed")
-check_free_space = task(dl.check_free_space, name="check-free-space")
-fetch_sample = task(dl.fetch_sample, name="write-sample")
-fetch_archive = task(dl.fetch_archive, name="fetch-archive", retries=2, retry_condition_fn=_network_failure)
-write_download_json = task(dl.write_download_json, name="write-download-json")
+check_local_sources = task(name="check-local-sources")(dl.check_local_sources)
+space_needed = task(name="space-needed")(dl.space_needed)
+check_free_space = task(name="check-free-space")(dl.check_free_space)
+fetch_sample = task(name="write-sample")(dl.fetch_sample)
+fetch_archive = task(name="fetch-archive", retries=2, retry_condition_fn=_network_failure)(dl.fetch_archive)
+write_download_json = task(name="write-download-json")(dl.write_download_json)
 
 
 @flow(name="download", log_prints=True)

@@ -11,13 +11,14 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cli import main
 from tasks.common import SPLITS
+from tasks.common.layout import EXTRACT_REPORT
 from tasks.common.params import load_project
 from tasks.extract import materialize as imagefolder
 from tasks.extract import stage as extract
 
-scan = task(extract.scan_split, name="scan", task_run_name="scan-{split}", cache_policy=NO_CACHE)
-finalize = task(extract.finalize_job, name="write-manifests", cache_policy=NO_CACHE)
-materialize = task(imagefolder.materialize, name="materialize-imagefolder", cache_policy=NO_CACHE)
+scan = task(name="scan", task_run_name="scan-{split}", cache_policy=NO_CACHE)(extract.scan_split)
+finalize = task(name="write-manifests", cache_policy=NO_CACHE)(extract.finalize_job)
+materialize = task(name="materialize-imagefolder", cache_policy=NO_CACHE)(imagefolder.materialize)
 
 
 @flow(name="extract")
@@ -28,9 +29,16 @@ def extract_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     report = finalize(job)
     logger = get_run_logger()
     if job.tree is not None:
-        logger.info("ImageFolder tree written to %s: %s files", job.tree, materialize(job.manifests, job.tree, job.root))
-    logger.info("manifests: %s images, %d classes, %d reported files (see %s)", report["images"],
-                report["num_classes"], len(report["reported"]), job.manifests / "extract_report.json")
+        logger.info(
+            "ImageFolder tree written to %s: %s files", job.tree, materialize(job.manifests, job.tree, job.root)
+        )
+    logger.info(
+        "manifests: %s images, %d classes, %d reported files (see %s)",
+        report["images"],
+        report["num_classes"],
+        len(report["reported"]),
+        job.manifests / EXTRACT_REPORT,
+    )
     return report
 
 

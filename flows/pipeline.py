@@ -20,24 +20,13 @@ from prefect.cache_policies import NONE
 from prefect.settings import get_current_settings
 
 from tasks.common import PipelineError
-from tasks.common.params import load_project
-from tasks.deploy.dvc_run import dvc_env, DvcRun, FAILED, lock_drift, lock_entries, metrics_rows, run_dvc, stage_names, stage_outcomes
-from tasks.validate.report import REPORT_MD
-from tasks.deploy.run_form import apply_params, params_updates, preflight, RunParams
+from tasks.deploy import runs
+from tasks.deploy.dvc_run import DvcRun, dvc_env, lock_drift, lock_entries, run_dvc, stage_names, stage_outcomes
+from tasks.deploy.run_form import RunParams, apply_params, params_updates, preflight
 
 FLOW_NAME = "imagenet-parquet"
 DEPLOYMENT = "imagenet-pipeline"
 ARTIFACT_KEYS = {"report": "schema-report", "metrics": "pipeline-metrics", "stages": "pipeline-stages"}
-
-
-def project_dir() -> Path:
-    """The project this process serves: the working directory, which must hold dvc.yaml and params.yaml."""
-    project = Path.cwd()
-    missing = [name for name in ("dvc.yaml", "params.yaml") if not (project / name).is_file()]
-    if missing:
-        raise PipelineError(f"{project}: expected the imagenet-parquet project (dvc.yaml, params.yaml), "
-                            f"missing {missing}; start `python -m flows.pipeline serve` from the project directory")
-    return project
 
 
 def _stage_env() -> dict[str, str]:
@@ -56,14 +45,6 @@ def _dvc(args: list[str], project: Path) -> DvcRun:
     return run_dvc(args, project, lambda line: logger.info("%s", line), env=_stage_env())
 
 
-def check_remote(project: Path) -> None:
-    """push=yes needs a default DVC remote: fail before anything runs when there is none."""
-    found = run_dvc(["remote", "default"], project, lambda line: None)
-    if found.returncode != 0 or not found.tail:
-        raise PipelineError(f"{project}/.dvc/config: push=yes needs a default DVC remote, found none; add one "
-                            "(`dvc remote add -d <name> <url>`) or run with push=no")
-
-
 def write_params(form: RunParams, project: Path) -> dict[str, Any]:
     """Write the form's values into params.yaml; log and return what changed."""
     changed = apply_params(project / "params.yaml", params_updates(form))
@@ -75,7 +56,7 @@ def write_params(form: RunParams, project: Path) -> dict[str, Any]:
     return {key: new for key, (_, new) in changed.items()}
 
 
-def reproduce(project: Path) -> tuple[DvcRun, list[dict]]:
+def reproduce(project: Path) -> tuple[DvcRun, list[dict[str, str]]]:
     """`dvc repro`, streamed; return the run and one row per stage (ran / skipped / failed / not reached)."""
     before = lock_entries(project)
     run = _dvc(["repro"], project)
@@ -86,22 +67,16 @@ def reproduce(project: Path) -> tuple[DvcRun, list[dict]]:
     return run, rows
 
 
-def publish(project: Path, rows: list[dict], started: float, succeeded: bool) -> list[str]:
+def publish(project: Path, rows: list[dict[str, str]], started: float, succeeded: bool) -> list[str]:
     """Attach the stages table, and the schema report and metrics when they belong to this run's data."""
     create_table_artifact(rows, key=ARTIFACT_KEYS["stages"], description="Stages of `dvc repro`: ran or skipped")
     published = [ARTIFACT_KEYS["stages"]]
-    where = load_project(project / "params.yaml")
-    shown = where.params.paths  # as written in params.yaml, for the artifacts' descriptions
-    report = where.path("reports") / REPORT_MD
-    # after a failure, only files (re)written during this run describe the current data
-    if report.is_file() and (succeeded or report.stat().st_mtime >= started):
-        create_markdown_artifact(report.read_text(encoding="utf-8"), key=ARTIFACT_KEYS["report"],
-                                 description=f"{shown.reports}/{REPORT_MD} (validate stage)")
+    outputs = runs.run_outputs(project, started, succeeded)
+    if outputs.report is not None:
+        create_markdown_artifact(outputs.report, key=ARTIFACT_KEYS["report"], description=outputs.report_description)
         published.append(ARTIFACT_KEYS["report"])
-    metrics_dir = where.path("metrics")
-    if metrics_dir.is_dir() and (succeeded or any(p.stat().st_mtime >= started for p in metrics_dir.glob("*.json"))):
-        create_table_artifact(metrics_rows(metrics_dir), key=ARTIFACT_KEYS["metrics"],
-                              description=f"DVC metrics: {shown.metrics}/*.json")
+    if outputs.metrics is not None:
+        create_table_artifact(outputs.metrics, key=ARTIFACT_KEYS["metrics"], description=outputs.metrics_description)
         published.append(ARTIFACT_KEYS["metrics"])
     return published
 
@@ -110,52 +85,53 @@ def push(project: Path) -> None:
     """`dvc push` to the default remote, streamed."""
     run = _dvc(["push"], project)
     if run.returncode != 0:
-        raise PipelineError(f"`dvc push` failed (exit {run.returncode}); see the lines above. Last output:\n"
-                            + "\n".join(run.tail[-10:]))
-
-
-def _failure(run: DvcRun, rows: list[dict]) -> PipelineError:
-    failed = [row["stage"] for row in rows if row["outcome"] == FAILED]
-    where = f"stage '{failed[0]}'" if failed else "before any stage"
-    return PipelineError(f"`dvc repro` failed in {where} (exit {run.returncode}); the stage's output is in this "
-                         "run's logs. Last lines:\n" + "\n".join(run.tail[-15:]))
+        raise runs.push_failure(run)
 
 
 _task = {"cache_policy": NONE}  # every task has side effects on the project: never reuse a cached result
 
 
-@flow(name=FLOW_NAME, validate_parameters=True,
-      description="ImageNet archives -> verified Parquet: writes the form into params.yaml, then `dvc repro`.")
+@flow(
+    name=FLOW_NAME,
+    validate_parameters=True,
+    description="ImageNet archives -> verified Parquet: writes the form into params.yaml, then `dvc repro`.",
+)
 def imagenet_parquet(params: RunParams = RunParams()) -> dict[str, Any]:
     """Run the DVC pipeline with the form's values; Failed (with the failing check in the logs) when a stage fails."""
-    project = project_dir()
+    project = runs.project_dir()
     preflight(params, project)
     if params.push:
-        task(check_remote, **_task)(project)
+        task(runs.check_remote, **_task)(project)
     changed = task(write_params, **_task)(params, project)
     started = time.time()
     run, rows = task(reproduce, **_task)(project)
     task(publish, **_task)(project, rows, started, run.returncode == 0)
     if run.returncode != 0:
-        raise _failure(run, rows)
+        raise runs.repro_failure(run, rows)
     if params.push:
         task(push, **_task)(project)
     return {"changed_params": changed, "stages": rows}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flows.pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the deployment (polls the Prefect server for runs)")
-    serve.add_argument("--name", default=DEPLOYMENT, help=f"deployment name (default {DEPLOYMENT}); give each "
-                                                          "machine that serves the project its own name")
+    serve.add_argument(
+        "--name",
+        default=DEPLOYMENT,
+        help=f"deployment name (default {DEPLOYMENT}); give each machine that serves the project its own name",
+    )
     args = parser.parse_args(argv)
-    project_dir()
+    runs.project_dir()
     if not get_current_settings().api.url:  # else Prefect would serve into a throw-away in-process server
-        raise PipelineError("PREFECT_API_URL is not set: expected the URL of a running Prefect server; start one "
-                            "(`make server`) and `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or use "
-                            "`make serve`)")
+        raise PipelineError(
+            "PREFECT_API_URL is not set: expected the URL of a running Prefect server; start one "
+            "(`make server`) and `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or use "
+            "`make serve`)"
+        )
     # one run at a time per project: runs share params.yaml and the DVC workspace
     imagenet_parquet.serve(name=args.name, limit=1, pause_on_shutdown=False, tags=["imagenet-parquet"])
 

@@ -11,9 +11,9 @@ from tasks.acquire import verify as vf
 from tasks.acquire.md5state import CACHE_NAME
 from tasks.common.params import load_project
 
-expected_md5s = task(vf.expected_md5s, name="expected-md5s")
-check_archive = task(vf.check_archive, name="check-archive")
-write_verify_json = task(vf.write_verify_json, name="write-verify-json")
+expected_md5s = task(name="expected-md5s")(vf.expected_md5s)
+check_archive = task(name="check-archive")(vf.check_archive)
+write_verify_json = task(name="write-verify-json")(vf.write_verify_json)
 
 
 @flow(name="verify", log_prints=True)

@@ -5,13 +5,21 @@
 The dataset classes are loaded on first use, so `import imagenet_parquet` stays cheap; they subclass
 torch.utils.data.Dataset / IterableDataset / Sampler when torch is installed and are plain classes otherwise.
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["ParquetImageDataset", "ParquetIterableDataset", "RowGroupSampler", "decode_image", "find_shards",
-           "load_label_map", "shuffle_buffer"]
+__all__ = [
+    "ParquetImageDataset",
+    "ParquetIterableDataset",
+    "RowGroupSampler",
+    "decode_image",
+    "find_shards",
+    "load_label_map",
+    "shuffle_buffer",
+]
 # name -> (module, attribute): nothing is imported until used, so `imagenet_parquet.format` (which the pipeline's
 # convert and validate stages import) loads only itself.
 _LAZY = {

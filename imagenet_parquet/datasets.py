@@ -9,24 +9,34 @@
   of row groups, so the row-group cache hits (for shards without the footer index a plain random sampler reads
   one row group per sample; with it, any order costs one pread per sample).
 """
+
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
-from .partition import rank_range, row_slices, split_range, unit_order
 from .format import read_label_map
+from .partition import rank_range, row_slices, split_range, unit_order
 from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
 
-try:  # torch is optional: subclass its Dataset types when present so DataLoader/samplers treat us natively
-    from torch.utils.data import Dataset as _MapBase, IterableDataset as _IterBase, Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised by the no-torch import test in a subprocess
-    _MapBase = _IterBase = _SamplerBase = object
+if TYPE_CHECKING:  # type checkers see the torch bases (torch is installed where the code is checked)
+    from torch.utils.data import Dataset, IterableDataset, Sampler
+
+    _MapBase = Dataset[tuple[Any, Any]]
+    _IterBase = IterableDataset[tuple[Any, Any]]
+    _SamplerBase = Sampler[int]
+else:
+    try:  # torch is optional: subclass its Dataset types when present so DataLoader/samplers treat us natively
+        from torch.utils.data import Dataset as _MapBase
+        from torch.utils.data import IterableDataset as _IterBase
+        from torch.utils.data import Sampler as _SamplerBase
+    except ImportError:  # pragma: no cover - exercised by the no-torch import test in a subprocess
+        _MapBase = _IterBase = _SamplerBase = object
 
 READ_COLUMNS = ("image.bytes", "label")
 
@@ -41,7 +51,7 @@ def _worker() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
-def _distributed(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
+def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit rank/world_size, else torch.distributed's when initialised, else (0, 1)."""
     if rank is not None and world_size is not None:
         return rank, world_size
@@ -59,9 +69,17 @@ def _distributed(rank: Optional[int], world_size: Optional[int]) -> tuple[int, i
 class _ShardedImages:
     """What both datasets share: shard index, label map, decoding and transforms."""
 
-    def __init__(self, source: Source, split: Optional[str], transform: Optional[Callable],
-                 target_transform: Optional[Callable], draft_size: Optional[Size], decode: bool,
-                 label_map: Any, cache_row_groups: int):
+    def __init__(
+        self,
+        source: Source,
+        split: str | None,
+        transform: Callable[[Any], Any] | None,
+        target_transform: Callable[[int], Any] | None,
+        draft_size: Size | None,
+        decode: bool,
+        label_map: Any,
+        cache_row_groups: int,
+    ):
         explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
         self.files = find_shards(source, split)
         self.index = ShardIndex.build(self.files, explicit)
@@ -72,8 +90,10 @@ class _ShardedImages:
         self._reader = RowGroupReader(self.index, READ_COLUMNS, cache_size=cache_row_groups)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({len(self.files)} shards from {self.files[0].parent}, "
-                f"{len(self.index)} images, {len(self.index.rows)} row groups, {len(self.label_names)} classes)")
+        return (
+            f"{type(self).__name__}({len(self.files)} shards from {self.files[0].parent}, "
+            f"{len(self.index)} images, {len(self.index.rows)} row groups, {len(self.label_names)} classes)"
+        )
 
     @property
     def label_map(self) -> dict[str, Any]:
@@ -110,11 +130,19 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
     JPEGs at a reduced scale keeping at least this size (see decode_image). `decode=False` yields raw bytes.
     `label_map`: a dict or a path to label_map.json; default = the one in the shards' schema metadata."""
 
-    def __init__(self, source: Source, split: Optional[str] = None, *, transform: Optional[Callable] = None,
-                 target_transform: Optional[Callable] = None, draft_size: Optional[Size] = None,
-                 decode: bool = True, label_map: Any = None, cache_row_groups: int = 4):
-        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map,
-                         cache_row_groups)
+    def __init__(
+        self,
+        source: Source,
+        split: str | None = None,
+        *,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        draft_size: Size | None = None,
+        decode: bool = True,
+        label_map: Any = None,
+        cache_row_groups: int = 4,
+    ):
+        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups)
         self._indexed = IndexedReader(self.files)
 
     def __len__(self) -> int:
@@ -147,11 +175,23 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
     "drop"/"pad"). The order is a function of (seed, epoch, world_size, num_workers). Call `set_epoch(e)` before
     each epoch (with the default non-persistent workers, so the workers receive the new epoch)."""
 
-    def __init__(self, source: Source, split: Optional[str] = None, *, transform: Optional[Callable] = None,
-                 target_transform: Optional[Callable] = None, draft_size: Optional[Size] = None,
-                 decode: bool = True, label_map: Any = None, shuffle: bool = True, shuffle_buffer: int = 1000,
-                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 uneven: str = "keep"):
+    def __init__(
+        self,
+        source: Source,
+        split: str | None = None,
+        *,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        draft_size: Size | None = None,
+        decode: bool = True,
+        label_map: Any = None,
+        shuffle: bool = True,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        uneven: str = "keep",
+    ):
         super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1)
         self.shuffle, self.shuffle_buffer, self.seed, self.epoch = shuffle, shuffle_buffer, seed, 0
         self.rank, self.world_size = _distributed(rank, world_size)
@@ -184,7 +224,7 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
         for pos, first, end in row_slices(sizes, start, stop):
             table = self._reader.read_uncached(int(order[pos])).slice(first, end - first)
             images = table.column("image").combine_chunks().field("bytes").to_pylist()
-            yield from zip(images, table.column("label").to_pylist())
+            yield from zip(images, table.column("label").to_pylist(), strict=True)
 
 
 def shuffle_buffer(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
@@ -210,8 +250,17 @@ class RowGroupSampler(_SamplerBase):
     consecutive row groups (keep `window` <= the dataset's `cache_row_groups`). Distributed like the iterable
     dataset (rank/world_size/uneven); `set_epoch` as torch's DistributedSampler."""
 
-    def __init__(self, dataset: ParquetImageDataset, *, shuffle: bool = True, window: int = 4, seed: int = 0,
-                 rank: Optional[int] = None, world_size: Optional[int] = None, uneven: str = "keep"):
+    def __init__(
+        self,
+        dataset: ParquetImageDataset,
+        *,
+        shuffle: bool = True,
+        window: int = 4,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        uneven: str = "keep",
+    ):
         self.index, self.shuffle, self.window, self.seed, self.epoch = dataset.index, shuffle, window, seed, 0
         self.rank, self.world_size = _distributed(rank, world_size)
         self.uneven = uneven
@@ -229,7 +278,7 @@ class RowGroupSampler(_SamplerBase):
         rng = np.random.default_rng([self.seed, self.epoch, 1])
         chunks = []
         for w in range(0, len(order), self.window):
-            units = order[w:w + self.window]
+            units = order[w : w + self.window]
             rows = np.concatenate([np.arange(self.index.starts[u], self.index.starts[u + 1]) for u in units])
             if self.shuffle:
                 rng.shuffle(rows)

@@ -1,15 +1,15 @@
 """Image decoding: PIL, optionally with JPEG draft mode (DCT-domain downscaling) when the target size is known."""
+
 from __future__ import annotations
 
 import io
-from typing import Optional, Tuple, Union
 
 from PIL import Image
 
-Size = Union[int, Tuple[int, int]]
+Size = int | tuple[int, int]
 
 
-def decode_image(data: bytes, mode: str = "RGB", draft_size: Optional[Size] = None) -> Image.Image:
+def decode_image(data: bytes, mode: str = "RGB", draft_size: Size | None = None) -> Image.Image:
     """Decode image bytes like torchvision's PIL loader (`Image.open(...).convert("RGB")`).
 
     With `draft_size` (an int = shorter side, or (width, height)) a JPEG is decoded at the smallest of the
@@ -28,7 +28,7 @@ def _loaded(img: Image.Image) -> Image.Image:
     return img
 
 
-def _draft_box(size: Tuple[int, int], target: Size) -> Tuple[int, int]:
+def _draft_box(size: tuple[int, int], target: Size) -> tuple[int, int]:
     """(width, height) to request from draft(): for an int, scale so the shorter side stays >= target."""
     if not isinstance(target, int):
         return int(target[0]), int(target[1])

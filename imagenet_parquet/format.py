@@ -62,7 +62,9 @@ def class_names(label_map: dict[str, Any]) -> list[str]:
         )
     names = [c["name"] for c in classes]
     if len(set(names)) != len(names):
-        raise FormatError("label map: expected unique class names (ClassLabel), found duplicates; re-run the extract stage")
+        raise FormatError(
+            "label map: expected unique class names (ClassLabel), found duplicates; re-run the extract stage"
+        )
     return names
 
 
@@ -75,7 +77,7 @@ def read_label_map(path: str | os.PathLike[str]) -> dict[str, Any]:
             "(or `dvc pull data/label_map.json`)"
         )
     try:
-        label_map = json.loads(path.read_text(encoding="utf-8"))
+        label_map: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise FormatError(f"{path}: expected the label map JSON, found: {err}; re-run the extract stage") from None
     class_names(label_map)

@@ -11,6 +11,7 @@ reads whole row groups except at most two partial ones at its ends.
   * "pad":  every rank yields ceil(N / world_size); the sequence wraps around, so the first few rows of this
     epoch's order are yielded twice (as torch's DistributedSampler does).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -3,6 +3,7 @@
 Nothing here keeps a file open across pickling: `RowGroupReader` opens `pq.ParquetFile` handles on first use in
 the process that reads (each DataLoader worker), and drops them (and its cache) when pickled or forked.
 """
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 
 from .format import decode_image_index, label_map_from_metadata, own_metadata, read_indexed
 
-Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def find_shards(source: Source, split: str | None = None) -> list[Path]:
@@ -37,7 +38,8 @@ def find_shards(source: Source, split: str | None = None) -> list[Path]:
         where = Path(source) / split if split and isinstance(source, (str, os.PathLike)) else source
         raise FileNotFoundError(
             f"{where}: expected Parquet shards (a .parquet file or a directory of *.parquet), found none; "
-            "run `dvc pull data/parquet` (or `dvc repro`) first, or pass the shard directory")
+            "run `dvc pull data/parquet` (or `dvc repro`) first, or pass the shard directory"
+        )
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"expected Parquet shard files, these do not exist: {missing[:5]}")
@@ -67,30 +69,41 @@ class ShardIndex:
     label_map: dict[str, Any]
 
     @classmethod
-    def build(cls, files: Sequence[Path], label_map: dict[str, Any] | None = None) -> "ShardIndex":
+    def build(cls, files: Sequence[Path], label_map: dict[str, Any] | None = None) -> ShardIndex:
         """Read only the Parquet footers (no data pages); every shard must carry the same label map, and an
         explicit `label_map` must agree with it (same wnid and name per label) where the shards carry one."""
         file_of, group_of, rows = [], [], []
         found: dict[str, Any] | None = None
         for i, path in enumerate(files):
             meta = pq.read_metadata(path)
-            this = _own_label_map(meta.metadata) if label_map is not None else \
-                label_map_from_metadata(meta.metadata, path)
+            this = (
+                _own_label_map(meta.metadata) if label_map is not None else label_map_from_metadata(meta.metadata, path)
+            )
             if this is not None and found is not None and this != found:
-                raise ValueError(f"{path}: expected the same label map as {files[0]}, found a different one; "
-                                 "mixing shards from different conversions is not supported")
+                raise ValueError(
+                    f"{path}: expected the same label map as {files[0]}, found a different one; "
+                    "mixing shards from different conversions is not supported"
+                )
             found = found or this
             for g in range(meta.num_row_groups):
                 file_of.append(i)
                 group_of.append(g)
                 rows.append(meta.row_group(g).num_rows)
         if label_map is not None and found is not None and _label_keys(label_map) != _label_keys(found):
-            raise ValueError(f"label_map: expected the label map stored in {files[0]} (same wnid and name per "
-                             "label), found a different one; drop label_map= or pass the matching label_map.json")
+            raise ValueError(
+                f"label_map: expected the label map stored in {files[0]} (same wnid and name per "
+                "label), found a different one; drop label_map= or pass the matching label_map.json"
+            )
         rows_arr = np.asarray(rows, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(rows_arr)]).astype(np.int64)
-        return cls(tuple(Path(p) for p in files), np.asarray(file_of, dtype=np.int64),
-                   np.asarray(group_of, dtype=np.int64), rows_arr, starts, label_map or found or {})
+        return cls(
+            tuple(Path(p) for p in files),
+            np.asarray(file_of, dtype=np.int64),
+            np.asarray(group_of, dtype=np.int64),
+            rows_arr,
+            starts,
+            label_map or found or {},
+        )
 
     def __len__(self) -> int:
         return int(self.starts[-1])

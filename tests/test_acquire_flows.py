@@ -5,11 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
+
 from flows.download import download_flow
 from flows.verify import verify_flow
 from tasks.common import ARCHIVES, PipelineError
-from params_helpers import write_params
-from tests.rangeserver import RangeServer
+from tests.helpers.params import write_params
+from tests.helpers.servers import RangeServer
 
 
 def _params(tmp_path: Path, source: str, checksums: str) -> Path:

@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageStat
 
-from convert_helpers import (REPO, flat_dataset, jpeg, make_job, noisy_jpeg, read_rows, sample_dataset,
-                             shard_bytes)
+from imagenet_parquet.format import TRANSFORM_PATTERN
 from tasks.common import PipelineError
 from tasks.convert import run_local
 from tasks.convert.stage import prepare
-from imagenet_parquet.format import TRANSFORM_PATTERN
+from tests.helpers.datasets import flat_dataset, make_job, read_rows, sample_dataset, shard_bytes
+from tests.helpers.images import jpeg, noisy_jpeg
+from tests.helpers.project import REPO
 
 
 def _decode(data: bytes) -> Image.Image:
@@ -159,8 +160,8 @@ def test_same_bytes_for_1_2_and_3_workers_and_stale_shards_removed(tmp_path):
 
 KILL_SCRIPT = """
 import sys
-sys.path.insert(0, {tests!r})
-from convert_helpers import make_job
+sys.path.insert(0, {repo!r})
+from tests.helpers.datasets import make_job
 from tasks.convert import run_local
 run_local(make_job(__import__("pathlib").Path({root!r}), shard_mb=0.01, row_group_rows=4, policy="reencode"),
           progress=False)
@@ -176,7 +177,7 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     reference = shard_bytes(reference_job)
     total = len(prepare(reference_job))
     stats_dir = killed / "data/scratch/convert/train"
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(tests=str(REPO / "tests"), root=str(killed))],
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO), root=str(killed))],
                             start_new_session=True)
     deadline = time.monotonic() + 60
     while not (stats_dir.is_dir() and any(stats_dir.glob("*.json"))) and time.monotonic() < deadline:

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from convert_helpers import REPO, flat_dataset, jpeg, make_job, noisy_jpeg, shard_bytes
-from params_helpers import section, write_params
 from tasks.convert import run_local
+from tests.helpers.datasets import flat_dataset, make_job, shard_bytes
+from tests.helpers.images import jpeg, noisy_jpeg
+from tests.helpers.params import section, write_params
+from tests.helpers.project import REPO
 
 
 def _project(root: Path, **convert) -> Path:

@@ -12,16 +12,17 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import copy_project
 
 from tasks.deploy.dvc_run import FAILED, RAN, SKIPPED
+from tests.helpers import deployments
+from tests.helpers.project import copy_project
+from tests.helpers.servers import stop_process, wait_for
 
 # Stand-in stages: each prints to stdout and stderr and writes small outputs from its params section;
 # validate fails when convert.quality < 20, naming the failed check, as the real validate stage does.
@@ -70,38 +71,6 @@ def standin_project(dest: Path) -> Path:
     return project
 
 
-def _client():
-    from prefect.client.orchestration import get_client
-
-    return get_client(sync_client=True)
-
-
-@contextlib.contextmanager
-def serving(project: Path, deployment: str):
-    """`python -m flows.pipeline serve --name <deployment>` from `project`; yields "<flow>/<deployment>"."""
-    from flows.pipeline import FLOW_NAME
-
-    log = open(project.parent / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "serve", "--name", deployment], cwd=project,
-                            stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "INFO"})
-    name = f"{FLOW_NAME}/{deployment}"
-    try:
-        _wait(lambda: _deployment(name), 90, lambda: (project.parent / "serve.log").read_text())
-        yield name
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 @pytest.fixture(scope="module")
 def served(prefect_api, tmp_path_factory):
     """The deployment served from a stand-in copy with a local DVC remote; yields (project, name, remote)."""
@@ -109,73 +78,15 @@ def served(prefect_api, tmp_path_factory):
     remote = tmp_path_factory.mktemp("dvc-remote")
     subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "--local", "-d", "uitest", str(remote)],
                    cwd=project, check=True, capture_output=True)
-    with serving(project, "standin") as name:
+    with deployments.serving(project, "standin") as name:
         yield project, name, remote
-
-
-def _deployment(name):
-    from prefect.exceptions import ObjectNotFound
-
-    with _client() as client:
-        try:
-            return client.read_deployment_by_name(name)
-        except ObjectNotFound:
-            return None
-
-
-def _wait(probe, timeout, explain=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while not (found := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s\n{explain()[-3000:]}")
-        time.sleep(0.5)
-    return found
-
-
-def _run(name, params, timeout=180):
-    from prefect.deployments import run_deployment
-
-    return run_deployment(name, parameters={"params": params}, timeout=timeout, poll_interval=1, as_subflow=False)
-
-
-def _logs(flow_run_id, until=None):
-    """The run's log messages (polls until `until` appears: logs arrive in batches)."""
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.client.schemas.sorting import LogSort
-
-    def read():
-        with _client() as client:
-            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
-                                    sort=LogSort.TIMESTAMP_ASC)
-        text = "\n".join(log.message for log in logs)
-        return [text] if until is None or until in text else None
-
-    return _wait(read, 20, lambda: "no log line " + repr(until))[0]
-
-
-def _artifacts(flow_run_id):
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    with _client() as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
-            any_=[flow_run_id])))
-    return {artifact.key: artifact for artifact in found}
-
-
-def _table(artifact):
-    """A table artifact's rows (the API returns the table as JSON text)."""
-    return json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
-
-
-def _outcomes(artifact):
-    return {row["stage"]: row["outcome"] for row in _table(artifact)}
 
 
 def test_ui_run_writes_params_runs_dvc_and_publishes_artifacts(served):
     project, name, remote = served
-    first = _run(name, {"policy": "reencode", "quality": 80})
+    first = deployments.run(name, {"policy": "reencode", "quality": 80})
     assert first.state.is_completed(), first.state.message
-    logs = _logs(first.id, until="standin validate: stderr line")
+    logs = deployments.logs(first.id, until="standin validate: stderr line")
     assert "standin download: stdout line" in logs and "params.yaml: convert.quality: 90 -> 80" in logs
     params = yaml.safe_load((project / "params.yaml").read_text())
     assert params["convert"]["policy"] == "reencode" and params["convert"]["quality"] == 80
@@ -183,21 +94,21 @@ def test_ui_run_writes_params_runs_dvc_and_publishes_artifacts(served):
                           capture_output=True, text=True).stdout
     quality = json.loads(diff)["params.yaml"]["convert.quality"]
     assert (quality["old"], quality["new"]) == (90, 80)
-    artifacts = _artifacts(first.id)
-    assert _outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(STAGES, RAN)
+    artifacts = deployments.artifacts(first.id)
+    assert deployments.outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(STAGES, RAN)
     assert artifacts["schema-report"].data == (project / "data/reports/schema_report.md").read_text()
-    metrics = {(row["file"], row["metric"]): row["value"] for row in _table(artifacts["pipeline-metrics"])}
+    metrics = {(row["file"], row["metric"]): row["value"] for row in deployments.table(artifacts["pipeline-metrics"])}
     assert metrics[("convert.json", "quality")] == 80 and metrics[("validate.json", "rows.train")] == 200
 
     # same inputs but a new quality and push=yes: the upstream stages are skipped, then DVC pushes
-    second = _run(name, {"policy": "reencode", "quality": 70, "push": True})
+    second = deployments.run(name, {"policy": "reencode", "quality": 70, "push": True})
     assert second.state.is_completed(), second.state.message
-    rows = _table(_artifacts(second.id)["pipeline-stages"])
+    rows = deployments.table(deployments.artifacts(second.id)["pipeline-stages"])
     assert {r["stage"]: r["outcome"] for r in rows} == {**dict.fromkeys(STAGES[:3], SKIPPED), "convert": RAN,
                                                         "validate": RAN}
     assert {r["stage"]: r["dvc.lock"] for r in rows} == {**dict.fromkeys(STAGES[:3], "unchanged"),
                                                          "convert": "updated", "validate": "updated"}
-    assert "$ dvc push" in _logs(second.id, until="files pushed") and any(remote.rglob("*"))
+    assert "$ dvc push" in deployments.logs(second.id, until="files pushed") and any(remote.rglob("*"))
     # the UI run is an ordinary DVC state: `dvc repro` from a shell has nothing left to do
     repro = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=project, capture_output=True, text=True)
     assert repro.returncode == 0 and "up to date" in repro.stdout, repro.stdout + repro.stderr
@@ -205,13 +116,13 @@ def test_ui_run_writes_params_runs_dvc_and_publishes_artifacts(served):
 
 def test_failing_validation_fails_the_run_with_the_check_in_its_logs(served):
     project, name, _ = served
-    failed = _run(name, {"quality": 10})
+    failed = deployments.run(name, {"quality": 10})
     assert failed.state.is_failed()
     assert "stage 'validate'" in failed.state.message
-    logs = _logs(failed.id, until="check 'quality_floor' failed")
+    logs = deployments.logs(failed.id, until="check 'quality_floor' failed")
     assert "convert.quality is 10, expected >= 20" in logs
-    artifacts = _artifacts(failed.id)
-    assert _outcomes(artifacts["pipeline-stages"])["validate"] == FAILED
+    artifacts = deployments.artifacts(failed.id)
+    assert deployments.outcomes(artifacts["pipeline-stages"])["validate"] == FAILED
     assert "| quality_floor | FAILED |" in artifacts["schema-report"].data  # the report of the failed check
 
 
@@ -221,7 +132,7 @@ def test_invalid_parameters_are_rejected_before_anything_runs(served):
 
     project, name, _ = served
     params_before = (project / "params.yaml").read_text()
-    with _client() as client:
+    with deployments.client() as client:
         deployment = client.read_deployment_by_name(name)
         runs_before = len(client.read_flow_runs(deployment_filter=DeploymentFilter(
             name=DeploymentFilterName(any_=[deployment.name]))))
@@ -229,15 +140,15 @@ def test_invalid_parameters_are_rejected_before_anything_runs(served):
     for bad, reason in [({"preset": "imagenet1k-archives"}, "'location' is a required property"),
                         ({"quality": 0}, "0 is less than the minimum of 1")]:
         with pytest.raises(PrefectHTTPStatusError, match=reason):
-            _run(name, bad)
-    with _client() as client:
+            deployments.run(name, bad)
+    with deployments.client() as client:
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
             name=DeploymentFilterName(any_=[deployment.name])))
     assert len(runs) == runs_before
     # 2. a path that does not exist on the serving machine: the run fails before params.yaml or DVC is touched
-    missing = _run(name, {"preset": "imagenet100-folder", "location": "/nonexistent/imagenet100"})
+    missing = deployments.run(name, {"preset": "imagenet100-folder", "location": "/nonexistent/imagenet100"})
     assert missing.state.is_failed() and "does not exist on this machine" in missing.state.message
-    assert "$ dvc repro" not in _logs(missing.id)
+    assert "$ dvc repro" not in deployments.logs(missing.id)
     assert (project / "params.yaml").read_text() == params_before
 
 
@@ -247,18 +158,18 @@ def test_pydantic_check_stops_a_run_created_without_schema_enforcement(served):
 
     project, name, _ = served
     params_before = (project / "params.yaml").read_text()
-    with _client() as client:
+    with deployments.client() as client:
         deployment = client.read_deployment_by_name(name)
         response = client.request("POST", "/deployments/{id}/create_flow_run", path_params={"id": deployment.id},
                                   json=DeploymentFlowRunCreate(parameters={"params": {"classes": "file"}},
                                                                enforce_parameter_schema=False)
                                   .model_dump(mode="json", exclude_unset=True))
         run_id = response.json()["id"]
-        run = _wait(lambda: (r := client.read_flow_run(run_id)).state.is_final() and r, 120)
+        run = wait_for(lambda: (r := client.read_flow_run(run_id)).state.is_final() and r, 120)
     assert run.state.is_failed()
     assert "classes=file needs `classes_file`" in run.state.message
     assert (project / "params.yaml").read_text() == params_before
-    assert "$ dvc" not in _logs(run.id)
+    assert "$ dvc" not in deployments.logs(run.id)
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -275,7 +186,7 @@ def chromium_page(chromium: str, profile: Path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         active = profile / "DevToolsActivePort"
-        port = _wait(lambda: active.is_file() and active.read_text().split("\n")[0].strip(), 60)
+        port = wait_for(lambda: active.is_file() and active.read_text().split("\n")[0].strip(), 60)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=10) as resp:
             target = next(t for t in json.load(resp) if t["type"] == "page")
         with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
@@ -290,7 +201,7 @@ def chromium_page(chromium: str, profile: Path):
 
             yield call
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def test_run_form_page_renders_in_headless_chromium(served, tmp_path):
@@ -306,7 +217,7 @@ def test_run_form_page_renders_in_headless_chromium(served, tmp_path):
     assert urllib.parse.urljoin(api, ui_api) == api, (
         f"the server's UI talks to {ui_api}, not {api}: the prefect_api fixture must start the server with "
         "PREFECT_UI_API_URL=<its api url> (Prefect derives it from port 4200, not from --port)")
-    url = f"{api.removesuffix('/api')}/deployments/deployment/{_deployment(name).id}/run"
+    url = f"{api.removesuffix('/api')}/deployments/deployment/{deployments.deployment(name).id}/run"
     expected = (*name.split("/"), "Source preset", "Encoding policy", "JPEG quality", "dvc push")
     with chromium_page(chromium, tmp_path / "profile") as call:
         call("Page.navigate", url=url)
@@ -318,7 +229,7 @@ def test_run_form_page_renders_in_headless_chromium(served, tmp_path):
             seen[0] = found["result"].get("value", "")
             return all(t in seen[0] for t in expected)
 
-        _wait(text, 90, lambda: f"{url} does not show {expected}; it shows:\n{seen[0]}")
+        wait_for(text, 90, lambda: f"{url} does not show {expected}; it shows:\n{seen[0]}")
         png = call("Page.captureScreenshot", format="png")["data"]
     (tmp_path / "run-form.png").write_bytes(base64.b64decode(png))
     assert (tmp_path / "run-form.png").stat().st_size > 10_000

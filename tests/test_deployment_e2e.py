@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from test_deployment import _artifacts, _client, _logs, _outcomes, _run, _table, serving
 
 from tasks.common.params import load_project
 from tasks.deploy.dvc_run import RAN, stage_names
-from tasks.validate.report import REPORT_MD
 from tasks.deploy.run_form import RunParams
+from tasks.validate.report import REPORT_MD
+from tests.helpers import deployments
 
 
 @pytest.mark.slow
@@ -19,17 +19,18 @@ def test_ui_run_of_the_real_pipeline_on_the_sample(prefect_api, project_copy):
 
     stages = stage_names(project_copy)
     started = datetime.datetime.now(datetime.timezone.utc)
-    with serving(project_copy, "e2e") as name:
-        run = _run(name, RunParams().model_dump(mode="json"), timeout=600)
+    with deployments.serving(project_copy, "e2e") as name:
+        run = deployments.run(name, RunParams().model_dump(mode="json"), timeout=600)
     assert run.state.is_completed(), run.state.message
     where = load_project(project_copy / "params.yaml").paths
-    artifacts = _artifacts(run.id)
-    assert _outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(stages, RAN)
+    artifacts = deployments.artifacts(run.id)
+    assert deployments.outcomes(artifacts["pipeline-stages"]) == dict.fromkeys(stages, RAN)
     assert artifacts["schema-report"].data == (project_copy / where["reports"] / REPORT_MD).read_text()
-    assert {row["file"] for row in _table(artifacts["pipeline-metrics"])} == {"convert.json", "validate.json"}
+    metrics = deployments.table(artifacts["pipeline-metrics"])
+    assert {row["file"] for row in metrics} == {"convert.json", "validate.json"}
     assert sorted((project_copy / where["parquet"]).rglob("*.parquet"))
-    assert "Running stage 'validate'" in _logs(run.id, until="Running stage 'validate'")
-    with _client() as client:
+    assert "Running stage 'validate'" in deployments.logs(run.id, until="Running stage 'validate'")
+    with deployments.client() as client:
         stage_runs = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=stages)),
             flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=started)))

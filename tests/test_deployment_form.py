@@ -118,7 +118,7 @@ def test_metrics_rows_flatten_every_json(tmp_path):
 
 
 def test_push_without_a_default_remote_is_refused_up_front(tmp_path):
-    from flows.pipeline import check_remote
+    from tasks.deploy.runs import check_remote
 
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     with pytest.raises(PipelineError, match="push=yes needs a default DVC remote"):

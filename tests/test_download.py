@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 
 from tasks.acquire import download as dl
-from tasks.acquire import fetch
-from tasks.acquire import md5state
-from tasks.common import ARCHIVES, PipelineError
+from tasks.acquire import fetch, md5state
 from tasks.acquire.verify import check_archive, expected_md5s, write_verify_json
-from params_helpers import section
-from tests.conftest import free_port
-from tests.rangeserver import RangeServer
+from tasks.common import ARCHIVES, PipelineError
+from tests.helpers.params import section
+from tests.helpers.servers import RangeServer, free_port
 
 FAST = dl.FetchOptions(retries=4, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 NAME = ARCHIVES["val"]

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from archive_builders import manifest, run_extract, small_release, write_release
 
-from tasks.extract import classes as labels, stage as extract
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError
-from tasks.extract.devkit import read_label_csv
 from tasks.common.layout import MANIFEST_SCHEMA
 from tasks.common.synsets import shipped_synsets
-from params_helpers import project
+from tasks.extract import classes as labels
+from tasks.extract import stage as extract
+from tasks.extract.devkit import read_label_csv
+from tests.helpers.archives import devkit_bytes, manifest, run_extract, small_release, tar_bytes, write_release
+from tests.helpers.params import project
 
 
 def tarfile_bytes(archive: Path, member: str) -> bytes:
@@ -102,7 +103,6 @@ def test_val_label_mismatches_fail(tmp_path, problem, message):
     truth = small_release(tmp_path / "raw")
     options = {}
     if problem.startswith("gt"):
-        from archive_builders import devkit_bytes
         wnids = sorted(set(truth.values()))
         ids = {w: i + 1 for i, w in enumerate(wnids)}
         gt = [ids[truth[n]] for n in sorted(truth)]
@@ -251,8 +251,6 @@ def test_real_val_ground_truth_csv_and_cmc_list(shared_data):
 
 def test_class_tars_in_a_subfolder_of_the_train_archive(tmp_path):
     """A train archive whose class tars sit under a folder still indexes and materializes."""
-    from archive_builders import tar_bytes
-
     small_release(tmp_path / "raw")
     train = tmp_path / "raw" / ARCHIVES["train"]
     with tarfile.open(train) as tar:

@@ -10,10 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
-from params_helpers import write_params
 from tasks.common import ARCHIVES
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.params import write_params
 
 
 def make_project(root: Path, sample: Path, **extract_params) -> Path:
@@ -58,13 +56,7 @@ def test_stage_command_fails_cleanly(prefect_api, sample_release, tmp_path):
 def test_dvc_stage_tracks_index_not_imagefolder(prefect_api, sample_release, project_copy):
     """`dvc repro -s extract` with materialize: true: the lock lists manifests + label map only, and touching
     the ImageFolder tree leaves the stage up to date (DVC never hashes it)."""
-    params = yaml.safe_load((project_copy / "params.yaml").read_text())
-    params["extract"]["materialize"] = True
-    (project_copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    raw = project_copy / "data" / "raw"
-    raw.mkdir(parents=True)
-    for name in ARCHIVES.values():
-        (raw / name).symlink_to(sample_release / name)
+    raw = make_project(project_copy, sample_release, materialize=True) / "data" / "raw"
     (raw / "verify.json").write_text(json.dumps({"checksums": "sample", "archives": {}}))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     dvc = [sys.executable, "-m", "dvc", "repro", "-s", "extract"]

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from archive_builders import image_bytes, run_extract, small_release, special, tar_bytes
 
-from tasks.extract import materialize as imagefolder
 from tasks.common import ARCHIVES, PipelineError
+from tasks.extract import materialize as imagefolder
+from tests.helpers.archives import run_extract, small_release, special, tar_bytes
+from tests.helpers.images import fake_jpeg
 
 ESCAPE = f"/tmp/escape-{uuid.uuid4().hex}"  # where an absolute member would land if it were extracted
 TRAIN, VAL, DEVKIT = ARCHIVES["train"], ARCHIVES["val"], ARCHIVES["devkit"]
@@ -72,7 +73,7 @@ def _build(raw: Path, spec) -> None:
     small_release(raw)
     if spec == "val_oversize":  # the last val image claims 40000 bytes; the file ends after 1000
         names = sorted(n for n in tarfile.open(raw / VAL).getnames())
-        members = [(n, image_bytes(k)) for k, n in enumerate(names)] + [("ILSVRC2012_val_00000009.JPEG", b"v" * 40000)]
+        members = [(n, fake_jpeg(k)) for k, n in enumerate(names)] + [("ILSVRC2012_val_00000009.JPEG", b"v" * 40000)]
         (raw / VAL).write_bytes(_truncated(members, 1000))
     elif spec == "train_inner_oversize":  # an inner tar cut short, followed by an honest class tar
         inner = _truncated([("ok.JPEG", b"o" * 600), ("big.JPEG", b"b" * 40000)], 700)
@@ -106,8 +107,8 @@ def test_hostile_member_refused_nothing_written(tmp_path, case):
 
 def test_strange_names_reported_not_merged(tmp_path, caplog):
     bad_name = b"n01440764_\xff\xfe.JPEG".decode("utf-8", "surrogateescape")
-    inner_extra = {"n01440764": [("N01440764_1.JPEG", image_bytes(901)), ("n01440764_notes.txt", b"notes"),
-                                 (bad_name, image_bytes(902))]}
+    inner_extra = {"n01440764": [("N01440764_1.JPEG", fake_jpeg(901)), ("n01440764_notes.txt", b"notes"),
+                                 (bad_name, fake_jpeg(902))]}
     small_release(tmp_path / "raw", inner_extra=inner_extra, extra_train=[("README.txt", b"hello")],
                   extra_val=[("ILSVRC2012_val_readme.txt", b"hi")])
     with caplog.at_level(logging.WARNING, logger="tasks.extract"):
@@ -130,7 +131,7 @@ def test_strange_names_reported_not_merged(tmp_path, caplog):
 
 
 def test_exact_duplicate_names_indexed_but_not_materialized(tmp_path):
-    small_release(tmp_path / "raw", inner_extra={"n01440764": [("n01440764_1.JPEG", image_bytes(77))]})
+    small_release(tmp_path / "raw", inner_extra={"n01440764": [("n01440764_1.JPEG", fake_jpeg(77))]})
     report = run_extract(tmp_path / "raw", tmp_path / "out")
     assert report["images"]["train"] == 13
     with pytest.raises(PipelineError, match="used twice.*n01440764/n01440764_1.JPEG"):

@@ -8,16 +8,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from validate_fixtures import make_dataset, validate_section
 
-from convert_helpers import make_job, sample_dataset
 from imagenet_parquet import ParquetImageDataset
-from imagenet_parquet.format import decode_image_index, IMAGE_INDEX_KEY
+from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index
 from imagenet_parquet.shards import IndexedReader
-from reader_shards import write_shards
-from tasks.convert import writer as shard_module
 from tasks.convert import run_local
+from tasks.convert import writer as shard_module
 from tasks.validate.stage import run_validation
+from tests.helpers.datasets import make_dataset, make_job, sample_dataset, write_shards
+from tests.helpers.params import validate_section
 
 
 def _reference(files: list[Path]) -> list[tuple[bytes, int]]:

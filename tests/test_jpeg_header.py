@@ -7,9 +7,9 @@ import struct
 import pytest
 from PIL import Image
 
-from convert_helpers import jpeg, noisy_jpeg
-from tasks.convert.imaging import BadImage, encode_image, Policy
+from tasks.convert.imaging import BadImage, Policy, encode_image
 from tasks.convert.jpeg_header import read_header
+from tests.helpers.images import jpeg, noisy_jpeg
 
 
 def _pillow_view(data: bytes) -> tuple[int, int, int, int]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from params_helpers import REPO, project, repo_doc, write_params
 from tasks.acquire import download as dl
 from tasks.acquire.verify import expected_md5s
 from tasks.common import PipelineError
@@ -19,6 +17,8 @@ from tasks.common.params import STAGE_SECTIONS, dvc_params, load_project, valida
 from tasks.convert.job import job_from_params
 from tasks.deploy.run_form import PARAMS_FIELDS, RunParams, apply_params, params_updates
 from tasks.extract import stage as extract
+from tests.helpers.params import project, repo_doc, write_params
+from tests.helpers.project import REPO
 
 
 def test_the_repository_params_validate():

@@ -15,10 +15,12 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from conftest import REPO, free_port
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image
 from imagenet_parquet.partition import rank_range, row_slices, split_range
-from reader_shards import identify, image_bytes, run_rank, write_shards
+from tests.helpers.datasets import write_shards
+from tests.helpers.images import identify, indexed_jpeg
+from tests.helpers.project import REPO
+from tests.helpers.servers import free_port
 
 TOTAL, CLASSES = 47, 3
 
@@ -68,7 +70,7 @@ def test_pickling_carries_no_open_file_and_reopens_lazily(shards):
     ds[0], ds[20]
     assert ds._reader.open_files == 2 and len(ds._reader.cached_units) == 2
     blob = pickle.dumps(ds)
-    assert len(blob) < 20_000 and image_bytes(0) not in blob  # no cached image bytes travel either
+    assert len(blob) < 20_000 and indexed_jpeg(0) not in blob  # no cached image bytes travel either
     clone = pickle.loads(blob)
     assert clone._reader.open_files == 0 and clone._reader.cached_units == []
     assert identify(clone[20][0]) == 20 and clone._reader.open_files == 1
@@ -78,7 +80,7 @@ def test_transform_target_transform_raw_bytes_and_draft(shards, tmp_path):
     ds = ParquetImageDataset(shards, "train", transform=lambda im: im.size, target_transform=lambda y: y + 100)
     assert ds[46] == ((8, 8), 102)
     raw = ParquetImageDataset(shards, "train", decode=False)
-    assert raw[7][0] == image_bytes(7)
+    assert raw[7][0] == indexed_jpeg(7)
     big = Image.radial_gradient("L").resize((1024, 768)).convert("RGB")
     path = tmp_path / "big.jpg"
     big.save(path, "JPEG", quality=90)
@@ -108,6 +110,26 @@ def test_partition_covers_every_row_once():
             assert sorted(seen) == list(range(total)), (world, workers)
     with pytest.raises(ValueError, match="uneven"):
         rank_range(10, 0, 2, "even")
+
+
+def run_rank(rank: int, world_size: int, port: int, shard_dir: str, out_path: str) -> None:
+    """One distributed rank (spawned process): gloo process group, rank/world_size taken from torch.distributed,
+    DataLoader with 2 workers; writes the (row, label) sequence of epochs 0, 1 and 0 again to `out_path`."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        ds = ParquetIterableDataset(shard_dir, transform=identify, shuffle_buffer=6, seed=7)
+        runs: dict = {"rank": ds.rank, "world_size": ds.world_size, "len": len(ds)}
+        for name, epoch in [("epoch0", 0), ("epoch1", 1), ("epoch0_again", 0)]:
+            ds.set_epoch(epoch)
+            # fork, as under torchrun (a spawned rank would otherwise spawn its workers too: slow, not realistic)
+            loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork")
+            runs[name] = [[int(i), int(y)] for ids, labels in loader for i, y in zip(ids, labels)]
+        Path(out_path).write_text(json.dumps(runs), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
 
 
 def test_two_ranks_two_workers_every_sample_once_epoch_order(shards, tmp_path):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reader_shards import identify, write_shards
+from tests.helpers.datasets import write_shards
+from tests.helpers.images import identify
 
 TOTAL, CLASSES = 30, 3
 META = ["label", "wnid", "label_name", "width", "height"]

@@ -11,12 +11,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import scipy.io
 from PIL import Image
 
-from tasks.common import ARCHIVES
 from tasks.acquire.sample import write_sample
+from tasks.common import ARCHIVES
 from tasks.common.synsets import load_synsets
+from tests.helpers.archives import read_devkit
 
 
 def _md5(path: Path) -> str:
@@ -33,14 +33,6 @@ def _train_images(train_tar: Path) -> dict[str, bytes]:
                     assert image.name.startswith(member.name[:-4] + "_"), image.name
                     images[image.name] = inner.extractfile(image).read()
     return images
-
-
-def _devkit(devkit: Path) -> tuple[object, list[int]]:
-    with tarfile.open(devkit) as tar:
-        meta = tar.extractfile("ILSVRC2012_devkit_t12/data/meta.mat").read()
-        truth = tar.extractfile("ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt").read()
-    synsets = scipy.io.loadmat(io.BytesIO(meta), squeeze_me=True)["synsets"]
-    return synsets, [int(line) for line in truth.decode().split()]
 
 
 def test_layout_and_md5_table(sample_release: Path):
@@ -60,7 +52,7 @@ def test_layout_and_md5_table(sample_release: Path):
 
 
 def test_devkit_metadata_is_shaped_like_the_real_one(sample_release: Path):
-    synsets, truth = _devkit(sample_release / ARCHIVES["devkit"])
+    synsets, truth = read_devkit(sample_release / ARCHIVES["devkit"])
     assert synsets.dtype.names == ("ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children",
                                    "wordnet_height", "num_train_images")
     leaves = [s for s in synsets if s["num_children"] == 0]

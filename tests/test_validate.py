@@ -10,13 +10,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from PIL import Image
-from validate_fixtures import Dataset, make_dataset, set_bytes, validate_section
 
-from tasks.common import PipelineError
 from imagenet_parquet.format import shard_schema
+from tasks.common import PipelineError
 from tasks.validate.contact_sheet import shown_labels, write_contact_sheet
 from tasks.validate.report import REPORT_JSON, REPORT_MD, write_reports
 from tasks.validate.stage import raise_if_failed, run_validation
+from tests.helpers.datasets import Dataset, make_dataset, set_bytes
+from tests.helpers.images import jpeg
+from tests.helpers.params import validate_section
 
 
 def _run(ds: Dataset, **params: Any) -> dict[str, Any]:
@@ -70,9 +72,8 @@ def test_contact_sheet_shows_each_class_train_and_val(tmp_path):
     solid = {0: (255, 0, 0), 1: (0, 0, 255), 2: (0, 255, 0)}
     for split in ("train", "val"):
         for row in ds.rows[split]:
-            buf = io.BytesIO()
-            Image.new("RGB", (40, 40), solid[row["label"]]).save(buf, "JPEG", quality=95)
-            set_bytes(row, buf.getvalue() + row["image"]["path"].encode())  # unique bytes after EOI
+            set_bytes(row, jpeg(solid[row["label"]], size=(40, 40), quality=95) + row["image"]["path"].encode())
+            # (unique bytes after EOI)
     ds.write()
     with Image.open(write_contact_sheet(ds.parquet_dir, ds.label_map_path, tmp_path / "s.png", 2, 20)) as sheet:
         rgb = sheet.convert("RGB")
@@ -105,9 +106,7 @@ def _same_image_in_train_and_val(ds: Dataset) -> None:
 
 
 def _png_bytes(ds: Dataset) -> None:
-    buf = io.BytesIO()
-    Image.new("RGB", (24, 16), "red").save(buf, "PNG")
-    set_bytes(ds.rows["train"][3], buf.getvalue())
+    set_bytes(ds.rows["train"][3], jpeg("red", size=(24, 16), fmt="PNG"))
 
 
 def _hash_mismatch(ds: Dataset) -> None:

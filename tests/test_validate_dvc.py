@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 import yaml
-from validate_fixtures import make_dataset
+
+from tests.helpers.datasets import make_dataset
 
 
 def _sh(project, *cmd: str) -> str:

@@ -7,25 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-from validate_fixtures import make_dataset, validate_section
-
 from flows.validate import ARTIFACT_KEYS, validate_flow
-from params_helpers import write_params
+from tests.helpers.datasets import make_dataset
+from tests.helpers.deployments import artifacts, table
+from tests.helpers.params import validate_section, write_params
 
 
 def _project(root: Path, **params) -> Path:
     """A directory with params.yaml (paths relative to it) around a dataset under data/."""
     return write_params(root, validate=validate_section(**params).model_dump())
-
-
-def _artifacts(flow_run_id) -> dict:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {a.key: a for a in found}
 
 
 def test_flow_writes_reports_and_keyed_artifacts(prefect_api, tmp_path):
@@ -38,15 +28,13 @@ def test_flow_writes_reports_and_keyed_artifacts(prefect_api, tmp_path):
     metrics = json.loads((tmp_path / "data" / "metrics" / "validate.json").read_text())
     assert metrics["train"]["rows"] == 12 and metrics["val"]["rows"] == 6
 
-    artifacts = _artifacts(state.state_details.flow_run_id)
-    assert set(ARTIFACT_KEYS.values()) <= set(artifacts)
-    report = artifacts[ARTIFACT_KEYS["report"]]
+    found = artifacts(state.state_details.flow_run_id)
+    assert set(ARTIFACT_KEYS.values()) <= set(found)
+    report = found[ARTIFACT_KEYS["report"]]
     assert report.type == "markdown" and report.data == (reports / "schema_report.md").read_text()
-    splits = artifacts[ARTIFACT_KEYS["splits"]]
-    rows = json.loads(splits.data) if isinstance(splits.data, str) else splits.data
-    assert splits.type == "table" and [(r["split"], r["rows"]) for r in rows] == [("train", 12), ("val", 6)]
-    classes = artifacts[ARTIFACT_KEYS["classes"]]
-    rows = json.loads(classes.data) if isinstance(classes.data, str) else classes.data
+    splits = found[ARTIFACT_KEYS["splits"]]
+    assert splits.type == "table" and [(r["split"], r["rows"]) for r in table(splits)] == [("train", 12), ("val", 6)]
+    rows = table(found[ARTIFACT_KEYS["classes"]])
     assert rows[2] == {"label": 2, "wnid": "n01484850", "name": "great white shark", "train": 4, "val": 2}
 
 

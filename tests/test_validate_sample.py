@@ -2,21 +2,16 @@
 and the contact sheet shows every class of train and val."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
 from PIL import Image
 
-from tasks.convert import run_local
-from tasks.extract import stage as extract
 from tasks.common import ARCHIVES
-from params_helpers import project
-from tasks.validate.contact_sheet import write_contact_sheet
+from tasks.convert import run_local
 from tasks.convert.job import job_from_params
+from tasks.extract import stage as extract
+from tasks.validate.contact_sheet import write_contact_sheet
 from tasks.validate.report import write_reports
 from tasks.validate.stage import raise_if_failed, run_validation
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.params import project
 
 
 def test_sample_through_extract_convert_validate_passes(sample_release, tmp_path):

@@ -5,6 +5,7 @@ when on the same filesystem, else symlinked — a 138 GB archive is never copied
 URL such as `s3://` (streamed by tasks.acquire.fetch: resumable, retried, MD5 while streaming). Free disk space is
 checked against what is still to fetch before anything is written. `download.json` records, per archive, the
 source (credentials redacted), size, MD5 when it was computed on the way in, and how the file was obtained."""
+
 from __future__ import annotations
 
 import os
@@ -15,14 +16,26 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
-from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
-from tasks.acquire.fetch import FetchOptions, kind, part_path, redact, remote_size, resumable_download, RetryableError
+from tasks.acquire.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
 from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5
 from tasks.acquire.sample import MD5_TABLE, write_sample
+from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
+from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
 
-__all__ = ["Download", "FetchOptions", "RetryableError", "archive_sources", "check_free_space", "check_local_sources",
-           "fetch_archive", "fetch_sample", "link_local", "plan", "space_needed", "write_download_json"]
+__all__ = [
+    "Download",
+    "FetchOptions",
+    "RetryableError",
+    "archive_sources",
+    "check_free_space",
+    "check_local_sources",
+    "fetch_archive",
+    "fetch_sample",
+    "link_local",
+    "plan",
+    "space_needed",
+    "write_download_json",
+]
 GB = 1e9
 SPACE_MARGIN = 64 << 20  # keep a little room for everything else on the disk
 
@@ -51,8 +64,15 @@ class Download:
 
 def plan(project: Project) -> Download:
     params = project.params.download
-    return Download(project.path("raw"), project.path("work") / CACHE_NAME, project.root, params.source,
-                    archive_sources(params), FetchOptions.from_params(params), project.params.sample)
+    return Download(
+        project.path("raw"),
+        project.path("work") / CACHE_NAME,
+        project.root,
+        params.source,
+        archive_sources(params),
+        FetchOptions.from_params(params),
+        project.params.sample,
+    )
 
 
 def archive_sources(params: DownloadParams) -> dict[str, str]:
@@ -84,10 +104,12 @@ def check_local_sources(sources: dict[str, str], root: Path = Path(".")) -> None
     paths = [local_path(s, root) for s in sources.values() if kind(s) == "local"]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
-        raise PipelineError(f"expected the ILSVRC2012 archives at {', '.join(missing)}, found no such file"
-                            f"{'s' if len(missing) > 1 else ''}. Set download.source in params.yaml to the "
-                            "directory holding the three official archives (or download.train / val / devkit "
-                            "to each file).")
+        raise PipelineError(
+            f"expected the ILSVRC2012 archives at {', '.join(missing)}, found no such file"
+            f"{'s' if len(missing) > 1 else ''}. Set download.source in params.yaml to the "
+            "directory holding the three official archives (or download.train / val / devkit "
+            "to each file)."
+        )
 
 
 def check_free_space(raw_dir: Path, needed: dict[str, int]) -> None:
@@ -100,7 +122,8 @@ def check_free_space(raw_dir: Path, needed: dict[str, int]) -> None:
             f"{raw_dir}: downloading {', '.join(sorted(needed))} needs {total / GB:.2f} GB free (+ "
             f"{SPACE_MARGIN >> 20} MiB margin), found {free / GB:.2f} GB free. Free some space or point "
             "paths.raw at a larger disk (the full ILSVRC2012: ~147 GB of archives, about as much again for "
-            "Parquet — make sure there are 300 GB free).")
+            "Parquet — make sure there are 300 GB free)."
+        )
 
 
 # ---------------------------------------------------------------- one archive
@@ -108,9 +131,11 @@ def link_local(source: str, dest: Path, root: Path = Path(".")) -> str:
     """Reference a local archive from dest: hard link (same filesystem) else symlink. Never copies."""
     src = local_path(source, root)
     if not src.is_file():
-        raise PipelineError(f"{src}: expected the archive {dest.name} here, found "
-                            f"{'a directory' if src.is_dir() else 'nothing'}. Set download.source to the "
-                            "directory holding the three official archives (or the per-archive path) in params.yaml.")
+        raise PipelineError(
+            f"{src}: expected the archive {dest.name} here, found "
+            f"{'a directory' if src.is_dir() else 'nothing'}. Set download.source to the "
+            "directory holding the three official archives (or the per-archive path) in params.yaml."
+        )
     with atomic_path(dest) as tmp:
         try:
             os.link(src, tmp)
@@ -134,8 +159,9 @@ def _origin(source: str) -> str:
     return f"download {redact(source)}"
 
 
-def fetch_archive(name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path,
-                  root: Path = Path(".")) -> dict[str, Any]:
+def fetch_archive(
+    name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path, root: Path = Path(".")
+) -> dict[str, Any]:
     """Bring one archive to raw_dir/name; returns its download.json record."""
     dest = raw_dir / name
     how = kind(source)
@@ -156,8 +182,7 @@ def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[
     records = {}
     for name, md5 in md5s.items():
         remember_md5(raw_dir / name, md5, cache_file, "sample")
-        records[name] = {"source": "sample", "bytes": (raw_dir / name).stat().st_size, "md5": md5,
-                         "method": "sample"}
+        records[name] = {"source": "sample", "bytes": (raw_dir / name).stat().st_size, "md5": md5, "method": "sample"}
     return records
 
 
@@ -178,5 +203,4 @@ def write_download_json(raw_dir: Path, source: str, records: dict[str, dict[str,
         print(f"{name}: {r['bytes']:,} bytes, {r['method']} from {r['source']}")
     if any(r["method"] != "sample" for r in records.values()):
         (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
-    return write_json(raw_dir / "download.json",
-                      {"source": redact(source), "archives": records})
+    return write_json(raw_dir / "download.json", {"source": redact(source), "archives": records})

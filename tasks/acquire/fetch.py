@@ -4,10 +4,12 @@ Bytes go to `<dest>.part`, are hashed (MD5) while they arrive and the file is re
 complete. A dropped connection, a 5xx, a stall past the timeout or a short body is retried with exponential
 backoff (bounded), resuming from what `.part` holds; a 4xx or a write failure is not retried. Credentials come
 from the URL, netrc, the environment or the fsspec config and are redacted wherever a source is shown."""
+
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
 import os
 import queue
@@ -96,9 +98,11 @@ def remote_size(source: str, opts: FetchOptions) -> int | None:
 
 
 def _http_error(url: str, resp: requests.Response) -> PipelineError:
-    return PipelineError(f"{redact(url)}: expected the archive, found HTTP {resp.status_code} ({resp.reason}). "
-                         "Check download.source / the per-archive URL in params.yaml, and the credentials "
-                         "(netrc, or user:password in the URL) if the server needs them.")
+    return PipelineError(
+        f"{redact(url)}: expected the archive, found HTTP {resp.status_code} ({resp.reason}). "
+        "Check download.source / the per-archive URL in params.yaml, and the credentials "
+        "(netrc, or user:password in the URL) if the server needs them."
+    )
 
 
 @contextlib.contextmanager
@@ -107,12 +111,16 @@ def _fsspec_errors(url: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError:
-        raise PipelineError(f"{redact(url)}: expected the archive, found nothing there. Check "
-                            "download.source / the per-archive URL in params.yaml.") from None
+        raise PipelineError(
+            f"{redact(url)}: expected the archive, found nothing there. Check "
+            "download.source / the per-archive URL in params.yaml."
+        ) from None
     except PermissionError as err:
-        raise PipelineError(f"{redact(url)}: expected read access, found 'access denied' ({err}). Provide "
-                            "credentials through the environment (e.g. AWS_ACCESS_KEY_ID / AWS_PROFILE, "
-                            "AWS_ENDPOINT_URL) or the fsspec config (FSSPEC_S3_* variables).") from None
+        raise PipelineError(
+            f"{redact(url)}: expected read access, found 'access denied' ({err}). Provide "
+            "credentials through the environment (e.g. AWS_ACCESS_KEY_ID / AWS_PROFILE, "
+            "AWS_ENDPOINT_URL) or the fsspec config (FSSPEC_S3_* variables)."
+        ) from None
 
 
 def _fsspec_size(url: str) -> int:
@@ -194,16 +202,18 @@ class _Held:
 
 def _write_error(part: Path, err: OSError) -> PipelineError:
     part.unlink(missing_ok=True)
-    return PipelineError(f"{part}: expected to write the download here, found {err.strerror or err} "
-                         f"(errno {err.errno}). Make {part.parent} writable and give it enough free space, "
-                         "or point paths.raw elsewhere; nothing was left behind.")
+    return PipelineError(
+        f"{part}: expected to write the download here, found {err.strerror or err} "
+        f"(errno {err.errno}). Make {part.parent} writable and give it enough free space, "
+        "or point paths.raw elsewhere; nothing was left behind."
+    )
 
 
 def _append(fh: Any, block: bytes, part: Path) -> None:
     view = memoryview(block)
     try:
         while view:
-            view = view[fh.write(view):]
+            view = view[fh.write(view) :]
     except OSError as err:
         fh.close()
         raise _write_error(part, err) from None
@@ -214,7 +224,8 @@ class _BackgroundMd5:
     overlaps receiving and writing; on exit every block handed over has been hashed."""
 
     def __init__(self, digest: Any) -> None:
-        self.digest, self.blocks = digest, queue.Queue(maxsize=4)
+        self.digest = digest
+        self.blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -230,6 +241,14 @@ class _BackgroundMd5:
         self.thread.join()
 
 
+def _open_part(held: _Held) -> io.FileIO:
+    """`.part` opened to append what arrives (anew when it holds nothing), unbuffered."""
+    try:
+        return open(held.part, "ab" if held.size else "wb", buffering=0)
+    except OSError as err:
+        raise _write_error(held.part, err) from None
+
+
 def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm) -> None:
     """One request: append what arrives to `.part` (unbuffered, so a write error surfaces at once)."""
     start, total, chunks, closable = open_stream(held.size)
@@ -240,11 +259,7 @@ def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm) -> No
         if total is not None and bar.total != total:  # known size: the bar shows percent and ETA
             bar.total = total
             bar.refresh()
-        try:
-            fh = open(held.part, "ab" if held.size else "wb", buffering=0)
-        except OSError as err:
-            raise _write_error(held.part, err) from None
-        with fh, _BackgroundMd5(held.digest) as md5:
+        with _open_part(held) as fh, _BackgroundMd5(held.digest) as md5:
             for block in chunks:
                 _append(fh, block, held.part)
                 md5.blocks.put(block)
@@ -258,8 +273,15 @@ def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int
     """Stream `source` into `dest` via `dest.part` (resumed, retried); returns (bytes, md5)."""
     opener = _http_stream if kind(source) == "http" else _fsspec_stream
     held = _Held(part_path(dest), opts.chunk_bytes)
-    with tqdm(unit="B", unit_scale=True, unit_divisor=1024, initial=held.size, desc=dest.name,
-              disable=not opts.progress, mininterval=1.0) as bar:
+    with tqdm(
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        initial=held.size,
+        desc=dest.name,
+        disable=not opts.progress,
+        mininterval=1.0,
+    ) as bar:
         for attempt in range(opts.retries + 1):
             try:
                 _attempt(lambda offset: opener(source, offset, opts), held, bar)
@@ -272,10 +294,18 @@ def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int
                     raise RetryableError(
                         f"{redact(source)}: expected the whole archive, the transfer failed {attempt + 1} times "
                         f"(last: {why}). {held.size} bytes are kept in {held.part}; re-run `dvc repro` to "
-                        "resume, or check the network / server.") from None
-                delay = opts.backoff_s * 2 ** attempt
-                log.warning("%s: %s; retry %d/%d in %.1fs from byte %d", dest.name, why, attempt + 1,
-                            opts.retries, delay, held.size)
+                        "resume, or check the network / server."
+                    ) from None
+                delay = opts.backoff_s * 2**attempt
+                log.warning(
+                    "%s: %s; retry %d/%d in %.1fs from byte %d",
+                    dest.name,
+                    why,
+                    attempt + 1,
+                    opts.retries,
+                    delay,
+                    held.size,
+                )
                 time.sleep(delay)
     os.replace(held.part, dest)
     return held.size, held.digest.hexdigest()

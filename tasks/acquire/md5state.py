@@ -4,39 +4,45 @@ A file's MD5 is remembered against its (size, mtime_ns, inode) — the file as i
 our own small JSON cache (`<paths.work>/md5_cache.json`, works anywhere) and DVC's state database (when the
 project is a DVC repo: `dvc repro` then reuses the MD5 for the stage's outs/deps instead of reading 138 GB again,
 and an MD5 DVC already computed is reused by `verify`). A changed file (new size, mtime or inode) misses both."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from tasks.common import write_json
 
+if TYPE_CHECKING:
+    from dvc.repo import Repo
+
 CHUNK = 8 << 20
 CACHE_NAME = "md5_cache.json"  # under paths.work
 
 
-def stat_key(path: str | os.PathLike) -> dict[str, int]:
+def stat_key(path: str | os.PathLike[str]) -> dict[str, int]:
     """Identity of the bytes behind `path` (a link is followed): size, mtime_ns, inode."""
     st = os.stat(path)
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
 
 
-def _load(cache_file: Path) -> dict[str, dict]:
+def _load(cache_file: Path) -> dict[str, dict[str, Any]]:
     try:
-        return json.loads(cache_file.read_text(encoding="utf-8"))
+        entries: dict[str, dict[str, Any]] = json.loads(cache_file.read_text(encoding="utf-8"))
+        return entries
     except (FileNotFoundError, ValueError):
         return {}
 
 
-def _save(cache_file: Path, entries: dict[str, dict]) -> None:
+def _save(cache_file: Path, entries: dict[str, dict[str, Any]]) -> None:
     write_json(cache_file, entries)
 
 
-def cached_md5(path: str | os.PathLike, cache_file: Path) -> tuple[str | None, str]:
+def cached_md5(path: str | os.PathLike[str], cache_file: Path) -> tuple[str | None, str]:
     """(md5, where it came from) when the file is unchanged since an MD5 was recorded, else (None, "")."""
     entry = _load(cache_file).get(os.path.abspath(path))
     if entry and entry.get("key") == stat_key(path):
@@ -45,7 +51,7 @@ def cached_md5(path: str | os.PathLike, cache_file: Path) -> tuple[str | None, s
     return (md5, "dvc-state") if md5 else (None, "")
 
 
-def remember_md5(path: str | os.PathLike, md5: str, cache_file: Path, origin: str, dvc: bool = True) -> None:
+def remember_md5(path: str | os.PathLike[str], md5: str, cache_file: Path, origin: str, dvc: bool = True) -> None:
     """Record `md5` for the file as it is now (our cache, and DVC's state when inside a DVC repo)."""
     entries = _load(cache_file)
     entries[os.path.abspath(path)] = {"key": stat_key(path), "md5": md5, "origin": origin}
@@ -54,25 +60,35 @@ def remember_md5(path: str | os.PathLike, md5: str, cache_file: Path, origin: st
         _dvc_state_put(path, md5)
 
 
-def forget_md5(path: str | os.PathLike, cache_file: Path) -> None:
+def forget_md5(path: str | os.PathLike[str], cache_file: Path) -> None:
     entries = _load(cache_file)
     if entries.pop(os.path.abspath(path), None) is not None:
         _save(cache_file, entries)
 
 
-def compute_md5(path: str | os.PathLike, chunk: int = CHUNK, progress: bool = True) -> str:
+def compute_md5(path: str | os.PathLike[str], chunk: int = CHUNK, progress: bool = True) -> str:
     """One sequential pass over the file, with a progress bar (bytes, rate, ETA)."""
     digest = hashlib.md5()
     size = os.stat(path).st_size
-    with open(path, "rb") as fh, tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024,
-                                      desc=f"md5 {Path(path).name}", disable=not progress, leave=False) as bar:
+    with (
+        open(path, "rb") as fh,
+        tqdm(
+            total=size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"md5 {Path(path).name}",
+            disable=not progress,
+            leave=False,
+        ) as bar,
+    ):
         while block := fh.read(chunk):
             digest.update(block)
             bar.update(len(block))
     return digest.hexdigest()
 
 
-def _dvc_repo(path: str | os.PathLike):
+def _dvc_repo(path: str | os.PathLike[str]) -> Repo | None:
     """The DVC repo around the current directory when it contains `path`, else None."""
     try:
         from dvc.repo import Repo
@@ -86,7 +102,7 @@ def _dvc_repo(path: str | os.PathLike):
     return None
 
 
-def _dvc_state_get(path: str | os.PathLike) -> str | None:
+def _dvc_state_get(path: str | os.PathLike[str]) -> str | None:
     repo = _dvc_repo(path)
     if repo is None:
         return None
@@ -97,7 +113,7 @@ def _dvc_state_get(path: str | os.PathLike) -> str | None:
         repo.close()
 
 
-def _dvc_state_put(path: str | os.PathLike, md5: str) -> None:
+def _dvc_state_put(path: str | os.PathLike[str], md5: str) -> None:
     repo = _dvc_repo(path)
     if repo is None:
         return

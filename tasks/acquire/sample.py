@@ -6,6 +6,7 @@
 `sample_md5.tsv`. Images are drawn procedurally (or taken from a folder of real JPEGs) and include the real
 quirks: a CMYK JPEG, a grayscale JPEG, a PNG named .JPEG and an EXIF-rotated JPEG.
 Same arguments ⇒ byte-identical archives (fixed member order, mtimes, owners; gzip header without name/time)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,22 +14,31 @@ import gzip
 import io
 import itertools
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.io
 from PIL import Image, ImageDraw
 
-from tasks.common import ARCHIVES, atomic_path
 from tasks.acquire.md5state import compute_md5
+from tasks.common import ARCHIVES, atomic_path
 from tasks.common.synsets import load_synsets
 
 MTIME = 1_335_000_000  # fixed member mtime (April 2012, like the real release)
 MD5_TABLE = "sample_md5.tsv"
 DEVKIT_ROOT = "ILSVRC2012_devkit_t12"
-META_FIELDS = ("ILSVRC2012_ID", "WNID", "words", "gloss", "num_children", "children", "wordnet_height",
-               "num_train_images")  # the real meta.mat field order (torchvision indexes them by position)
+META_FIELDS = (
+    "ILSVRC2012_ID",
+    "WNID",
+    "words",
+    "gloss",
+    "num_children",
+    "children",
+    "wordnet_height",
+    "num_train_images",
+)  # the real meta.mat field order (torchvision indexes them by position)
 TRAIN_QUIRKS = ("cmyk", "gray", "png", "exif_rotated")
 VAL_QUIRKS = ("gray", "cmyk")
 ANIMALS_END = "n02666196"  # first non-animal leaf wnid (abacus): splits the sample's two internal nodes
@@ -41,9 +51,15 @@ def _draw(rng: np.random.Generator, label: int) -> Image.Image:
     width, height = (int(v) for v in rng.integers(300, 501, 2))
     hue = int((label * 0.618034 % 1.0) * 255)  # golden-ratio hues: neighbouring classes look different
     rows, cols = int(rng.integers(6, 20)), int(rng.integers(6, 20))
-    grid = np.stack([(hue + rng.integers(-12, 13, (rows, cols))) % 256, rng.integers(110, 256, (rows, cols)),
-                     rng.integers(90, 256, (rows, cols))], axis=-1).astype(np.uint8)
-    image = Image.fromarray(grid, "HSV").convert("RGB").resize((width, height), Image.BICUBIC)
+    grid = np.stack(
+        [
+            (hue + rng.integers(-12, 13, (rows, cols))) % 256,
+            rng.integers(110, 256, (rows, cols)),
+            rng.integers(90, 256, (rows, cols)),
+        ],
+        axis=-1,
+    ).astype(np.uint8)
+    image = Image.fromarray(grid, "HSV").convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
     draw = ImageDraw.Draw(image)
     for _ in range(6):
         x, y, r = int(rng.integers(0, width)), int(rng.integers(0, height)), int(rng.integers(10, 80))
@@ -119,9 +135,12 @@ def _write_tar(path: Path, members: Iterator[tuple[str, bytes]]) -> None:
 
 def _write_tar_gz(path: Path, members: list[tuple[str, bytes | None]]) -> None:
     """A .tar.gz whose gzip header has mtime 0 and no file name (so the bytes depend only on the members)."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz:
-            gz.write(_tar_bytes(members))
+    with (
+        atomic_path(path) as tmp,
+        open(tmp, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+    ):
+        gz.write(_tar_bytes(members))
 
 
 # ---------------------------------------------------------------- layout
@@ -147,12 +166,13 @@ def _quirk_positions(total: int, quirks: tuple[str, ...]) -> dict[int, str]:
     return {(j * total) // count: quirks[j] for j in range(count)} if count else {}
 
 
-def _train_members(classes: list[tuple[str, str]], per_class: int, images: _Images,
-                   rng: np.random.Generator) -> Iterator[tuple[str, bytes]]:
+def _train_members(
+    classes: list[tuple[str, str]], per_class: int, images: _Images, rng: np.random.Generator
+) -> Iterator[tuple[str, bytes]]:
     quirks = _quirk_positions(len(classes) * per_class, TRAIN_QUIRKS)
     flat = 0
     for label, (wnid, _words) in enumerate(classes):
-        inner = []
+        inner: list[tuple[str, bytes | None]] = []
         for number in _train_numbers(rng, per_class):
             inner.append((f"{wnid}_{number}.JPEG", images.next(quirks.get(flat), label)))
             flat += 1
@@ -161,7 +181,7 @@ def _train_members(classes: list[tuple[str, str]], per_class: int, images: _Imag
 
 def _leaf_ids(rng: np.random.Generator, count: int) -> list[int]:
     """ILSVRC2012_IDs 1..count for the wnid-sorted classes, in an order that is not the sorted order."""
-    ids = (rng.permutation(count) + 1).tolist()
+    ids: list[int] = (rng.permutation(count) + 1).tolist()
     if count > 1 and ids == sorted(ids):
         ids.reverse()
     return ids
@@ -173,28 +193,50 @@ def _val_members(labels: list[int], images: _Images) -> Iterator[tuple[str, byte
         yield f"ILSVRC2012_val_{index + 1:08d}.JPEG", images.next(quirks.get(index), labels[index])
 
 
-def _synset_records(classes: list[tuple[str, str]], ids: list[int], per_class: int) -> list[dict]:
+Record = dict[str, Any]  # one row of meta.mat's `synsets` struct array
+
+
+def _record(ident: int, wnid: str, words: str, gloss: str, children: list[int], height: int, images: int) -> Record:
+    return {
+        "ILSVRC2012_ID": ident,
+        "WNID": wnid,
+        "words": words,
+        "gloss": gloss,
+        "num_children": len(children),
+        "children": children,
+        "wordnet_height": height,
+        "num_train_images": images,
+    }
+
+
+def _synset_records(classes: list[tuple[str, str]], ids: list[int], per_class: int) -> list[Record]:
     """meta.mat rows in ILSVRC2012_ID order: the K leaves (IDs 1..K), then a root and its internal nodes."""
-    leaves = [dict(ILSVRC2012_ID=i, WNID=w, words=words, gloss=f"sample class: {words}", num_children=0,
-                   children=[], wordnet_height=0, num_train_images=per_class)
-              for i, (w, words) in zip(ids, classes)]
-    groups = [("n00015388", "animal, animate being, beast, brute, creature, fauna", lambda w: w < ANIMALS_END),
-              ("n00002684", "object, physical object", lambda w: w >= ANIMALS_END)]
-    inner, next_id = [], len(classes) + 2
-    for wnid, words, member in groups:
-        kids = sorted(leaf["ILSVRC2012_ID"] for leaf in leaves if member(leaf["WNID"]))
-        if kids:
-            inner.append(dict(ILSVRC2012_ID=next_id, WNID=wnid, words=words, gloss=f"sample node: {words}",
-                              num_children=len(kids), children=kids, wordnet_height=1,
-                              num_train_images=per_class * len(kids)))
-            next_id += 1
-    root = dict(ILSVRC2012_ID=len(classes) + 1, WNID="n00001740", words="entity", gloss="sample root node",
-                num_children=len(inner), children=[n["ILSVRC2012_ID"] for n in inner], wordnet_height=2,
-                num_train_images=per_class * len(classes))
+    leaves = [
+        _record(i, w, words, f"sample class: {words}", [], 0, per_class)
+        for i, (w, words) in zip(ids, classes, strict=True)
+    ]
+    inner = _internal_nodes(leaves, len(classes) + 2, per_class)
+    children = [n["ILSVRC2012_ID"] for n in inner]
+    root = _record(len(classes) + 1, "n00001740", "entity", "sample root node", children, 2, per_class * len(classes))
     return sorted(leaves + [root] + inner, key=lambda rec: rec["ILSVRC2012_ID"])
 
 
-def _meta_mat(records: list[dict]) -> bytes:
+def _internal_nodes(leaves: list[Record], first_id: int, per_class: int) -> list[Record]:
+    """The sample's two internal nodes (animals, objects) over the leaves they hold, IDs from `first_id` on."""
+    groups: list[tuple[str, str, Callable[[str], bool]]] = [
+        ("n00015388", "animal, animate being, beast, brute, creature, fauna", lambda w: w < ANIMALS_END),
+        ("n00002684", "object, physical object", lambda w: w >= ANIMALS_END),
+    ]
+    inner: list[Record] = []
+    for wnid, words, member in groups:
+        kids = sorted(leaf["ILSVRC2012_ID"] for leaf in leaves if member(leaf["WNID"]))
+        if kids:
+            ident = first_id + len(inner)
+            inner.append(_record(ident, wnid, words, f"sample node: {words}", kids, 1, per_class * len(kids)))
+    return inner
+
+
+def _meta_mat(records: list[Record]) -> bytes:
     """MATLAB 5 bytes of a struct array `synsets` with the real fields, without savemat's timestamp header."""
     synsets = np.zeros((len(records),), dtype=[(field, object) for field in META_FIELDS])
     for row, rec in enumerate(records):
@@ -214,17 +256,27 @@ def _meta_mat(records: list[dict]) -> bytes:
     return bytes(data)
 
 
-def _devkit_members(records: list[dict], val_ids: list[int]) -> list[tuple[str, bytes | None]]:
+def _devkit_members(records: list[Record], val_ids: list[int]) -> list[tuple[str, bytes | None]]:
     truth = "".join(f"{i}\n" for i in val_ids).encode()
     readme = b"Built-in sample shaped like the ILSVRC2012 development kit (t1/t2).\n"
-    return [(f"{DEVKIT_ROOT}/", None), (f"{DEVKIT_ROOT}/readme.txt", readme), (f"{DEVKIT_ROOT}/data/", None),
-            (f"{DEVKIT_ROOT}/data/meta.mat", _meta_mat(records)),
-            (f"{DEVKIT_ROOT}/data/ILSVRC2012_validation_ground_truth.txt", truth),
-            (f"{DEVKIT_ROOT}/data/ILSVRC2012_validation_blacklist.txt", b"1\n")]
+    return [
+        (f"{DEVKIT_ROOT}/", None),
+        (f"{DEVKIT_ROOT}/readme.txt", readme),
+        (f"{DEVKIT_ROOT}/data/", None),
+        (f"{DEVKIT_ROOT}/data/meta.mat", _meta_mat(records)),
+        (f"{DEVKIT_ROOT}/data/ILSVRC2012_validation_ground_truth.txt", truth),
+        (f"{DEVKIT_ROOT}/data/ILSVRC2012_validation_blacklist.txt", b"1\n"),
+    ]
 
 
-def write_sample(out_dir: str | Path, classes: int = 10, train_per_class: int = 20, val_per_class: int = 5,
-                 seed: int = 0, real_images: str | Path | None = None) -> dict[str, str]:
+def write_sample(
+    out_dir: str | Path,
+    classes: int = 10,
+    train_per_class: int = 20,
+    val_per_class: int = 5,
+    seed: int = 0,
+    real_images: str | Path | None = None,
+) -> dict[str, str]:
     """Write the three sample archives and `sample_md5.tsv` into out_dir; return {archive name: md5}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -252,8 +304,9 @@ def _cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--real-images", type=Path, default=None, help="folder of real JPEGs to use instead")
     args = parser.parse_args(argv)
-    md5s = write_sample(args.out_dir, args.classes, args.train_per_class, args.val_per_class, args.seed,
-                        args.real_images)
+    md5s = write_sample(
+        args.out_dir, args.classes, args.train_per_class, args.val_per_class, args.seed, args.real_images
+    )
     for name, md5 in md5s.items():
         print(f"{md5}  {args.out_dir / name}")
 

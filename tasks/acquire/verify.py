@@ -4,6 +4,7 @@ An MD5 computed while downloading, or by an earlier verify / DVC, is reused when
 (size, mtime_ns, inode — see tasks.acquire.md5state); otherwise the file is read once. A mismatch moves the file aside
 to `<name>.corrupt` (so nothing downstream can read it) and fails with the file, both MD5s and what to do.
 `verify.json` is written only when every archive matched."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
-from tasks.common.params import resolve_path
 from tasks.acquire.md5state import cached_md5, compute_md5, forget_md5, remember_md5
 from tasks.acquire.sample import MD5_TABLE
+from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
+from tasks.common.params import resolve_path
 
 OFFICIAL_TABLE = DATA_DIR / "official_md5.tsv"
 
@@ -24,12 +25,16 @@ def read_md5_table(path: Path) -> dict[str, str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise PipelineError(f"{path}: expected an MD5 table (name<TAB>md5), found no such file. Set "
-                            "verify.checksums to auto, official, sample or an existing table.") from None
+        raise PipelineError(
+            f"{path}: expected an MD5 table (name<TAB>md5), found no such file. Set "
+            "verify.checksums to auto, official, sample or an existing table."
+        ) from None
     rows = [line.split("\t") for line in lines[1:] if line.strip()]
     if lines[:1] != ["name\tmd5"] or any(len(r) != 2 or len(r[1]) != 32 for r in rows):
-        raise PipelineError(f"{path}: expected a header 'name<TAB>md5' then one '<archive><TAB><32 hex>' per "
-                            "line, found something else. Fix the table.")
+        raise PipelineError(
+            f"{path}: expected a header 'name<TAB>md5' then one '<archive><TAB><32 hex>' per "
+            "line, found something else. Fix the table."
+        )
     return {name: md5.lower() for name, md5 in rows}
 
 
@@ -41,8 +46,9 @@ def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tupl
     (raw_dir / "verify.json").unlink(missing_ok=True)
     if checksums == "auto":
         download = raw_dir / "download.json"
-        methods = {r["method"] for r in json.loads(download.read_text())["archives"].values()} \
-            if download.exists() else set()
+        methods = (
+            {r["method"] for r in json.loads(download.read_text())["archives"].values()} if download.exists() else set()
+        )
         checksums = "sample" if methods == {"sample"} else "official"
     if checksums in ("official", "sample"):
         table = read_md5_table(OFFICIAL_TABLE if checksums == "official" else raw_dir / MD5_TABLE)
@@ -50,17 +56,19 @@ def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tupl
         table = read_md5_table(resolve_path(root, checksums))
     missing = sorted(set(ARCHIVES.values()) - set(table))
     if missing:
-        raise PipelineError(f"{checksums} MD5 table: expected a row for {', '.join(missing)}, found rows for "
-                            f"{sorted(table)}. Add the missing rows or choose another verify.checksums.")
+        raise PipelineError(
+            f"{checksums} MD5 table: expected a row for {', '.join(missing)}, found rows for "
+            f"{sorted(table)}. Add the missing rows or choose another verify.checksums."
+        )
     return str(checksums), {name: table[name] for name in ARCHIVES.values()}
 
 
 def archive_md5(path: Path, cache_file: Path, progress: bool = True) -> tuple[str, str]:
     """(md5, where it came from): reused when the file is unchanged since it was last hashed, else computed."""
     md5, origin = cached_md5(path, cache_file)
-    if origin == "dvc-state":  # DVC hashed it (e.g. a linked archive, as a download out): keep it here too
-        remember_md5(path, md5, cache_file, origin, dvc=False)
     if md5:
+        if origin == "dvc-state":  # DVC hashed it (e.g. a linked archive, as a download out): keep it here too
+            remember_md5(path, md5, cache_file, origin, dvc=False)
         return md5, origin
     md5 = compute_md5(path, progress=progress)
     remember_md5(path, md5, cache_file, "verify")
@@ -75,14 +83,17 @@ def quarantine(path: Path, cache_file: Path) -> Path:
     return corrupt
 
 
-def check_archive(name: str, raw_dir: Path, expected: str, cache_file: Path, table: str,
-                  progress: bool = True) -> dict[str, Any]:
+def check_archive(
+    name: str, raw_dir: Path, expected: str, cache_file: Path, table: str, progress: bool = True
+) -> dict[str, Any]:
     """Verify one archive; returns its verify.json entry plus `md5_from` (not written to verify.json)."""
     path = raw_dir / name
     if not path.is_file():
-        raise PipelineError(f"{path}: expected the archive (from the download stage), found nothing"
-                            f"{' but a broken link' if path.is_symlink() else ''}. Run `dvc repro download` "
-                            "or fix download.source in params.yaml.")
+        raise PipelineError(
+            f"{path}: expected the archive (from the download stage), found nothing"
+            f"{' but a broken link' if path.is_symlink() else ''}. Run `dvc repro download` "
+            "or fix download.source in params.yaml."
+        )
     md5, origin = archive_md5(path, cache_file, progress)
     if md5 != expected:
         linked = f" (it is a link to {path.resolve()}: that copy is damaged)" if path.is_symlink() else ""
@@ -90,7 +101,8 @@ def check_archive(name: str, raw_dir: Path, expected: str, cache_file: Path, tab
         raise PipelineError(
             f"{path}: expected MD5 {expected} ({table} table), found {md5}{linked}. The file was moved to "
             f"{corrupt}. Delete it and download the archive again (re-run `dvc repro`), or point "
-            "download.source at an intact copy; with verify.checksums set to a table, check that table.")
+            "download.source at an intact copy; with verify.checksums set to a table, check that table."
+        )
     return {"md5": md5, "expected": expected, "bytes": path.stat().st_size, "ok": True, "md5_from": origin}
 
 

@@ -19,10 +19,12 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from tasks.common.errors import PipelineError
 
-SPEED_ONLY = {"speed_only": True}
+SPEED_ONLY: JsonDict = {"speed_only": True}
 
 
 class Section(BaseModel):
@@ -76,8 +78,9 @@ class ExtractParams(Section):
     @model_validator(mode="after")
     def _folder_mode_needs_folder(self) -> ExtractParams:
         if self.mode == "folder" and not self.folder:
-            raise ValueError("folder: expected the root of the train/<wnid>, val/<wnid> tree with mode: folder, "
-                             "found null")
+            raise ValueError(
+                "folder: expected the root of the train/<wnid>, val/<wnid> tree with mode: folder, found null"
+            )
         return self
 
 
@@ -91,16 +94,18 @@ class ConvertParams(Section):
     row_group_rows: int = Field(ge=1, le=1 << 24)
     workers: int = Field(ge=1, le=4096, json_schema_extra=SPEED_ONLY)
     task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
-    dask_address: Text | None = Field(description="a Dask scheduler address (tcp://host:8786)",
-                                      json_schema_extra=SPEED_ONLY)
+    dask_address: Text | None = Field(
+        description="a Dask scheduler address (tcp://host:8786)", json_schema_extra=SPEED_ONLY
+    )
     max_bad_fraction: float = Field(ge=0, le=1)
     max_image_pixels: int = Field(ge=1, le=1 << 40)
 
     @model_validator(mode="after")
     def _dask_needs_address(self) -> ConvertParams:
         if self.task_runner == "dask" and not self.dask_address:
-            raise ValueError("dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, "
-                             "found null")
+            raise ValueError(
+                "dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, found null"
+            )
         return self
 
 
@@ -150,18 +155,33 @@ class Params(BaseModel):
 
 
 # The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
-STAGE_SECTIONS = {"download": ("download", "sample"), "verify": ("verify",), "extract": ("extract",),
-                  "convert": ("convert",), "validate": ("validate",)}
+STAGE_SECTIONS = {
+    "download": ("download", "sample"),
+    "verify": ("verify",),
+    "extract": ("extract",),
+    "convert": ("convert",),
+    "validate": ("validate",),
+}
 SECTIONS: dict[str, type[Section]] = {
-    "paths": PathsParams, "sample": SampleParams, "download": DownloadParams, "verify": VerifyParams,
-    "extract": ExtractParams, "convert": ConvertParams, "validate": ValidateParams,
+    "paths": PathsParams,
+    "sample": SampleParams,
+    "download": DownloadParams,
+    "verify": VerifyParams,
+    "extract": ExtractParams,
+    "convert": ConvertParams,
+    "validate": ValidateParams,
 }
 
 
 def output_keys(section: str) -> list[str]:
     """The keys of a section that change what a stage writes (all but the `speed_only` ones)."""
     fields = SECTIONS[section].model_fields
-    return [key for key, info in fields.items() if not (info.json_schema_extra or {}).get("speed_only")]
+    return [key for key, info in fields.items() if not _speed_only(info)]
+
+
+def _speed_only(info: FieldInfo) -> bool:
+    extra = info.json_schema_extra  # a dict here (SPEED_ONLY); pydantic also allows a callable
+    return isinstance(extra, dict) and bool(extra.get("speed_only"))
 
 
 def dvc_params(stage: str) -> list[str]:
@@ -186,8 +206,15 @@ def describe(schema: dict[str, Any]) -> str:
     kind = schema.get("type")
     if kind == "array" and "minItems" in schema and schema.get("minItems") == schema.get("maxItems"):
         return f"a list of {schema['minItems']} values"
-    words = {"integer": "an integer", "number": "a number", "boolean": "true or false", "null": "null",
-             "string": "text", "array": "a list", "object": "a mapping"}.get(str(kind), "a value")
+    words = {
+        "integer": "an integer",
+        "number": "a number",
+        "boolean": "true or false",
+        "null": "null",
+        "string": "text",
+        "array": "a list",
+        "object": "a mapping",
+    }.get(str(kind), "a value")
     low, high = schema.get("minimum", schema.get("ge")), schema.get("maximum", schema.get("le"))
     above = schema.get("exclusiveMinimum", schema.get("gt"))
     if above is not None:
@@ -207,7 +234,8 @@ def _expected(section: str, key: str) -> str:
     schema = model.model_json_schema()["properties"][key]
     options = [option.get("type") for option in schema.get("anyOf", [schema])]
     if "description" in schema and {"string", "array"} & set(options) and "enum" not in schema:
-        return schema["description"] + (" or null" if "null" in options else "")
+        description: str = schema["description"]
+        return description + (" or null" if "null" in options else "")
     return describe(schema)
 
 
@@ -232,14 +260,18 @@ def _problem(error: Any) -> str:
 def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml") -> Params:
     """The typed params of a parsed params.yaml document, or one PipelineError listing every problem."""
     if not isinstance(doc, dict):
-        raise PipelineError(f"{where}: expected a mapping of sections ({', '.join(SECTIONS)}), found "
-                            f"{type(doc).__name__}; restore params.yaml from git (`git checkout params.yaml`)")
+        raise PipelineError(
+            f"{where}: expected a mapping of sections ({', '.join(SECTIONS)}), found "
+            f"{type(doc).__name__}; restore params.yaml from git (`git checkout params.yaml`)"
+        )
     try:
         return Params.model_validate(doc)
     except ValidationError as err:
         problems = sorted(dict.fromkeys(_problem(e) for e in err.errors()))
-    raise PipelineError(f"{where}: {len(problems)} problem(s); fix them and run again (the comments in params.yaml "
-                        "say what each key takes):\n" + "\n".join(f"  - {p}" for p in problems))
+    raise PipelineError(
+        f"{where}: {len(problems)} problem(s); fix them and run again (the comments in params.yaml "
+        "say what each key takes):\n" + "\n".join(f"  - {p}" for p in problems)
+    )
 
 
 @dataclass(frozen=True)
@@ -275,8 +307,10 @@ def load_project(params_file: str | os.PathLike[str] = "params.yaml") -> Project
     try:
         st = file.stat()
     except FileNotFoundError:
-        raise PipelineError(f"{params_file}: expected the project's params.yaml, found no such file; run from the "
-                            "project directory (where dvc.yaml is)") from None
+        raise PipelineError(
+            f"{params_file}: expected the project's params.yaml, found no such file; run from the "
+            "project directory (where dvc.yaml is)"
+        ) from None
     return _load(file, st.st_mtime_ns, st.st_size, str(params_file))
 
 
@@ -287,4 +321,3 @@ def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
     return Project(file.parent, validate_params(doc, shown), file)
-

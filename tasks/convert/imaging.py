@@ -2,6 +2,7 @@
 
 `encode_image(data, policy)` returns the bytes to store plus what was found and done, or raises `BadImage` with a
 short reason (the image is then quarantined, never written)."""
+
 from __future__ import annotations
 
 import io
@@ -73,7 +74,8 @@ def _keep_as_is(data: bytes, policy: Policy) -> Encoded | None:
     if head.width * head.height > policy.max_image_pixels:
         return None  # Pillow's path reports it
     if (policy.exif == "transpose" and head.orientation != 1) or (
-            policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter):
+        policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter
+    ):
         return None
     _require_end_marker(data)
     return Encoded(data, head.width, head.height, "JPEG", "none", head.orientation)
@@ -146,7 +148,7 @@ def _reencode(im: Image.Image, fmt: str, orientation: int, steps: list[str], pol
     if im.mode != "RGB":
         im = im.convert("RGB")
     resize = next((s for s in steps if s.startswith("resize_")), None)
-    if resize:
+    if resize and policy.resize_shorter:  # the step exists only with a resize_shorter (_needed_steps)
         im = _resize_shorter(im, policy.resize_shorter)
     out = io.BytesIO()
     im.save(out, format="JPEG", quality=policy.quality, icc_profile=icc, optimize=False, progressive=False)

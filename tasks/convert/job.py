@@ -1,6 +1,7 @@
 """The convert stage's job description: the output-relevant `convert:` params + the paths it reads and writes.
 
 A `Job` is small and picklable: it is what travels to worker processes / Dask workers with a shard's row range."""
+
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ from typing import Any
 from tasks.common import SPLITS
 from tasks.common.params import ConvertParams
 from tasks.convert.imaging import Policy
+from tasks.convert.plan import ShardPlan
 
 
 @dataclass(frozen=True)
@@ -37,29 +39,50 @@ class Job:
     def splits(self) -> list[str]:
         return [split for split in SPLITS if self.manifest(split).is_file()]
 
-    def shard_path(self, plan: Any) -> Path:
+    def shard_path(self, plan: ShardPlan) -> Path:
         return self.parquet / plan.split / plan.name
 
-    def stats_path(self, plan: Any) -> Path:
+    def stats_path(self, plan: ShardPlan) -> Path:
         return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".json")
 
-    def rows_path(self, plan: Any) -> Path:
+    def rows_path(self, plan: ShardPlan) -> Path:
         return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".rows.parquet")
 
     def output_params(self) -> dict[str, Any]:
         """Every param that changes the bytes written (stored in each shard's metadata); never the worker count."""
         p = self.policy
-        return {"policy": p.policy, "quality": p.quality, "resize_shorter": p.resize_shorter, "exif": p.exif,
-                "max_image_pixels": p.max_image_pixels, "full_decode": p.full_decode,
-                "shard_mb": self.shard_mb, "row_group_rows": self.row_group_rows}
+        return {
+            "policy": p.policy,
+            "quality": p.quality,
+            "resize_shorter": p.resize_shorter,
+            "exif": p.exif,
+            "max_image_pixels": p.max_image_pixels,
+            "full_decode": p.full_decode,
+            "shard_mb": self.shard_mb,
+            "row_group_rows": self.row_group_rows,
+        }
 
 
 def job_from_params(params: ConvertParams, paths: Mapping[str, Path], root: str | os.PathLike[str] = ".") -> Job:
     """The Job for params.yaml's `convert:` section and `paths:` (relative ones resolve against `root`, the repo)."""
     root = Path(root)
-    policy = Policy(policy=params.policy, quality=params.quality, resize_shorter=params.resize_shorter,
-                    exif=params.exif, max_image_pixels=params.max_image_pixels, full_decode=params.full_decode)
-    return Job(manifests=root / paths["manifests"], label_map=root / paths["label_map"], parquet=root / paths["parquet"],
-               work=root / paths["work"], metrics=root / paths["metrics"] / "convert.json", policy=policy,
-               shard_mb=params.shard_mb, row_group_rows=params.row_group_rows,
-               max_bad_fraction=params.max_bad_fraction, root=root)
+    policy = Policy(
+        policy=params.policy,
+        quality=params.quality,
+        resize_shorter=params.resize_shorter,
+        exif=params.exif,
+        max_image_pixels=params.max_image_pixels,
+        full_decode=params.full_decode,
+    )
+    return Job(
+        manifests=root / paths["manifests"],
+        label_map=root / paths["label_map"],
+        parquet=root / paths["parquet"],
+        work=root / paths["work"],
+        metrics=root / paths["metrics"] / "convert.json",
+        policy=policy,
+        shard_mb=params.shard_mb,
+        row_group_rows=params.row_group_rows,
+        max_bad_fraction=params.max_bad_fraction,
+        root=root,
+    )

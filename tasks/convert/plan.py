@@ -1,8 +1,10 @@
 """Shard planning: which manifest rows go to which shard (deterministic, from the manifest alone), and resume
 checks (a shard finished for the same plan is kept)."""
+
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -49,7 +51,7 @@ def plan_ranges(sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int,
         if len(bounds) < count and running * count >= len(bounds) * total:
             bounds.append(row + 1)
     bounds.append(len(sizes))
-    return [(a, b, sum(sizes[a:b])) for a, b in zip(bounds, bounds[1:])]
+    return [(a, b, sum(sizes[a:b])) for a, b in itertools.pairwise(bounds)]
 
 
 def plan_split(split: str, sizes: list[int], target_bytes: int, base_key: str) -> list[ShardPlan]:

@@ -3,6 +3,7 @@
 `prepare` plans shards (deterministically, from the manifests alone), `convert_shard` writes one shard streaming
 row groups (resuming: a shard finished for the same plan is kept), `finalize` writes bad_images.jsonl and the
 metrics. `tasks.convert.distribute` runs them over processes or Dask workers."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,13 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from tasks.common import PipelineError, atomic_path, dumps_json, write_json
-from tasks.common import SPLITS
-from tasks.common.layout import BAD_IMAGES
-from tasks.convert.job import Job
 from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map, shard_schema
+from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json
+from tasks.common.layout import BAD_IMAGES
 from tasks.convert.imaging import BadImage, encode_image
-from tasks.convert.plan import finished_stats, plan_split, remove_stale, ShardPlan
+from tasks.convert.job import Job
+from tasks.convert.plan import ShardPlan, finished_stats, plan_split, remove_stale
 from tasks.convert.writer import write_shard
 
 MANIFEST_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]
@@ -42,15 +42,19 @@ def prepare(job: Job) -> list[ShardPlan]:
         _check_labels(job.manifest(split), table, wnid_label)
         split_plans = plan_split(split, table.column("size").to_pylist(), job.target_bytes, base)
         remove_stale(job.parquet / split, {p.name for p in split_plans})
-        remove_stale(job.work / "convert" / split,
-                     {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p))})
+        remove_stale(
+            job.work / "convert" / split,
+            {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p))},
+        )
         _write_slices(job, table, split_plans)
         plans += split_plans
     for split in sorted(set(SPLITS) - set(job.splits())):  # a split no longer in the manifests
         remove_stale(job.parquet / split, set())
     if not plans:
-        raise PipelineError(f"{job.manifests}: expected manifests {[f'{s}.parquet' for s in SPLITS]}, found none; "
-                            "run the extract stage first (`dvc repro extract`)")
+        raise PipelineError(
+            f"{job.manifests}: expected manifests {[f'{s}.parquet' for s in SPLITS]}, found none; "
+            "run the extract stage first (`dvc repro extract`)"
+        )
     return plans
 
 
@@ -66,10 +70,18 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     schema = shard_schema(label_map, job.output_params(), plan.split)
     tally = _Tally(split=plan.split)
     count = write_shard(shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally))
-    stats = {"key": plan.key, "shard": plan.name, "split": plan.split, "count": count, "bad": tally.bad,
-             "input_bytes": plan.input_bytes, "image_bytes": tally.image_bytes,
-             "file_bytes": shard.stat().st_size, "row_groups": pq.read_metadata(shard).num_row_groups,
-             "seconds": round(time.perf_counter() - started, 3)}
+    stats = {
+        "key": plan.key,
+        "shard": plan.name,
+        "split": plan.split,
+        "count": count,
+        "bad": tally.bad,
+        "input_bytes": plan.input_bytes,
+        "image_bytes": tally.image_bytes,
+        "file_bytes": shard.stat().st_size,
+        "row_groups": pq.read_metadata(shard).num_row_groups,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
     write_json(stats_path, stats)
     return {**stats, "resumed": False}
 
@@ -93,8 +105,14 @@ class Progress:
     def __init__(self, plans: list[ShardPlan], enabled: bool = True) -> None:
         self.started = time.perf_counter()
         self.bytes = 0
-        self.bar = tqdm(total=sum(p.stop - p.start for p in plans), unit="img", unit_scale=True,
-                        desc="convert", disable=not enabled, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=sum(p.stop - p.start for p in plans),
+            unit="img",
+            unit_scale=True,
+            desc="convert",
+            disable=not enabled,
+            dynamic_ncols=True,
+        )
 
     def update(self, stats: dict[str, Any]) -> dict[str, Any]:
         self.bytes += stats["input_bytes"]
@@ -122,21 +140,37 @@ def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally:
             try:
                 enc = encode_image(data, job.policy)
             except BadImage as err:
-                tally.bad.append({"split": tally.split, "source": row["source"], "member": row["member"],
-                                  "name": row["name"], "reason": str(err)})
+                tally.bad.append(
+                    {
+                        "split": tally.split,
+                        "source": row["source"],
+                        "member": row["member"],
+                        "name": row["name"],
+                        "reason": str(err),
+                    }
+                )
                 continue
             tally.image_bytes += len(enc.data)
-            yield {"image": {"bytes": enc.data, "path": row["name"]}, "label": row["label"], "wnid": row["wnid"],
-                   "label_name": names[row["label"]], "width": enc.width, "height": enc.height,
-                   "source_format": enc.source_format, "transform": enc.transform,
-                   "exif_orientation": enc.exif_orientation, "sha256": hashlib.sha256(enc.data).hexdigest()}
+            yield {
+                "image": {"bytes": enc.data, "path": row["name"]},
+                "label": row["label"],
+                "wnid": row["wnid"],
+                "label_name": names[row["label"]],
+                "width": enc.width,
+                "height": enc.height,
+                "source_format": enc.source_format,
+                "transform": enc.transform,
+                "exif_orientation": enc.exif_orientation,
+                "sha256": hashlib.sha256(enc.data).hexdigest(),
+            }
 
 
 class _Sources:
     """Open source files (relative to the repo root), one at a time: archives are read by many rows in a row."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.path, self.fd = root, None, -1
+        self.root, self.fd = root, -1
+        self.path: str | None = None  # the source `fd` has open
 
     def __enter__(self) -> _Sources:
         return self
@@ -151,8 +185,10 @@ class _Sources:
             try:
                 self.fd = os.open(self.root / source, os.O_RDONLY)
             except OSError as err:
-                raise PipelineError(f"{source}: expected the file named by the manifest, found {err.strerror}; "
-                                    "re-run `dvc repro` (download, verify, extract)") from None
+                raise PipelineError(
+                    f"{source}: expected the file named by the manifest, found {err.strerror}; "
+                    "re-run `dvc repro` (download, verify, extract)"
+                ) from None
             self.path = source
         return read_exact(self.fd, size, offset, source)
 
@@ -162,8 +198,10 @@ def _manifest(path: Path) -> pa.Table:
     try:
         return pq.read_table(path, columns=MANIFEST_COLUMNS)
     except (OSError, pa.ArrowInvalid, KeyError) as err:
-        raise PipelineError(f"{path}: expected a manifest with columns {MANIFEST_COLUMNS} (docs/CONTRACTS.md), "
-                            f"found: {err}; re-run the extract stage") from None
+        raise PipelineError(
+            f"{path}: expected a manifest with columns {MANIFEST_COLUMNS} (docs/CONTRACTS.md), "
+            f"found: {err}; re-run the extract stage"
+        ) from None
 
 
 def _write_slices(job: Job, table: pa.Table, plans: list[ShardPlan]) -> None:
@@ -175,10 +213,12 @@ def _write_slices(job: Job, table: pa.Table, plans: list[ShardPlan]) -> None:
 
 
 def _rows(job: Job, plan: ShardPlan) -> list[dict[str, Any]]:
-    rows = pq.read_table(job.rows_path(plan)).to_pylist()
+    rows: list[dict[str, Any]] = pq.read_table(job.rows_path(plan)).to_pylist()
     if len(rows) != plan.stop - plan.start:
-        raise PipelineError(f"{job.rows_path(plan)}: expected {plan.stop - plan.start} manifest rows for "
-                            f"{plan.name}, found {len(rows)}; another run is using the same work directory?")
+        raise PipelineError(
+            f"{job.rows_path(plan)}: expected {plan.stop - plan.start} manifest rows for "
+            f"{plan.name}, found {len(rows)}; another run is using the same work directory?"
+        )
     return rows
 
 
@@ -186,15 +226,23 @@ def _check_labels(path: Path, table: pa.Table, wnid_label: dict[str, int]) -> No
     pairs = table.select(["wnid", "label"]).group_by(["wnid", "label"]).aggregate([]).to_pylist()
     wrong = sorted((p["wnid"], p["label"]) for p in pairs if wnid_label.get(p["wnid"]) != p["label"])
     if wrong:
-        raise PipelineError(f"{path}: expected every (wnid, label) to match the label map, found {len(wrong)} "
-                            f"that do not, e.g. {wrong[:3]}; re-run the extract stage so both agree")
+        raise PipelineError(
+            f"{path}: expected every (wnid, label) to match the label map, found {len(wrong)} "
+            f"that do not, e.g. {wrong[:3]}; re-run the extract stage so both agree"
+        )
 
 
 def _base_key(job: Job) -> str:
     """Identity of the inputs and the output-relevant params: a shard finished under another key is redone."""
     inputs = {split: _digest(job.manifest(split)) for split in job.splits()}
-    identity = {"manifests": inputs, "label_map": _digest(job.label_map), "params": job.output_params(),
-                "format": FORMAT_VERSION, "pyarrow": pa.__version__, "pillow": PIL.__version__}
+    identity = {
+        "manifests": inputs,
+        "label_map": _digest(job.label_map),
+        "params": job.output_params(),
+        "format": FORMAT_VERSION,
+        "pyarrow": pa.__version__,
+        "pillow": PIL.__version__,
+    }
     return hashlib.sha256(dumps_json(identity).encode()).hexdigest()
 
 
@@ -206,8 +254,9 @@ def _digest(path: Path) -> str:
 def _metrics(results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     splits: dict[str, dict[str, int]] = {}
     for r in results:
-        s = splits.setdefault(r["split"], {"rows": 0, "bad_images": 0, "shards": 0, "image_bytes": 0,
-                                           "file_bytes": 0, "input_bytes": 0})
+        s = splits.setdefault(
+            r["split"], {"rows": 0, "bad_images": 0, "shards": 0, "image_bytes": 0, "file_bytes": 0, "input_bytes": 0}
+        )
         s["rows"] += r["count"]
         s["bad_images"] += len(r["bad"])
         s["shards"] += 1
@@ -215,11 +264,15 @@ def _metrics(results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
             s[key] += r[key]
     fresh = [r for r in results if not r["resumed"]]
     done = sum(r["count"] + len(r["bad"]) for r in fresh)
-    return {"splits": splits, "rows": sum(s["rows"] for s in splits.values()),
-            "bad_images": sum(s["bad_images"] for s in splits.values()),
-            "resumed_shards": len(results) - len(fresh), "seconds": round(seconds, 3),
-            "images_per_s": round(done / seconds, 1) if seconds > 0 else 0.0,
-            "mb_per_s": round(sum(r["input_bytes"] for r in fresh) / 1e6 / seconds, 1) if seconds > 0 else 0.0}
+    return {
+        "splits": splits,
+        "rows": sum(s["rows"] for s in splits.values()),
+        "bad_images": sum(s["bad_images"] for s in splits.values()),
+        "resumed_shards": len(results) - len(fresh),
+        "seconds": round(seconds, 3),
+        "images_per_s": round(done / seconds, 1) if seconds > 0 else 0.0,
+        "mb_per_s": round(sum(r["input_bytes"] for r in fresh) / 1e6 / seconds, 1) if seconds > 0 else 0.0,
+    }
 
 
 def _check_bad_fraction(job: Job, metrics: dict[str, Any]) -> None:
@@ -230,7 +283,8 @@ def _check_bad_fraction(job: Job, metrics: dict[str, Any]) -> None:
             raise PipelineError(
                 f"{job.parquet / BAD_IMAGES}: expected at most max_bad_fraction={job.max_bad_fraction} bad images "
                 f"in split '{split}', found {s['bad_images']} of {total} ({fraction:.4%}); inspect the reasons "
-                "in that file, fix or drop the sources, or raise `convert.max_bad_fraction` in params.yaml")
+                "in that file, fix or drop the sources, or raise `convert.max_bad_fraction` in params.yaml"
+            )
 
 
 def read_exact(fd: int, size: int, offset: int, source: str) -> bytes:
@@ -238,5 +292,6 @@ def read_exact(fd: int, size: int, offset: int, source: str) -> bytes:
     if len(data) != size:
         raise PipelineError(
             f"{source}: expected {size} bytes at offset {offset} (from the manifest), found {len(data)}; the "
-            "archive changed after extraction — re-run `dvc repro` from the verify stage")
+            "archive changed after extraction — re-run `dvc repro` from the verify stage"
+        )
     return data

@@ -1,5 +1,6 @@
 """The shard writer: streams rows into a Parquet file one row group at a time, locating each image value as it is
 written (the footer byte index of imagenet_parquet.format), with fixed settings so the bytes are deterministic."""
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,12 @@ class ShardWriter:
         Each row group's `image.bytes` values are located in the file as written (ImageIndex); their (offset,
         size) pairs go into the footer under IMAGE_INDEX_KEY, so readers fetch an image with one pread."""
         count, pending, size = 0, [], 0
-        with open(self.path, "w+b") as raw, pq.ParquetWriter(pa.PythonFile(raw, mode="w"), self.schema,
-                                                               memory_pool=memory_pool(), **writer_options()) as writer:
+        with (
+            open(self.path, "w+b") as raw,
+            pq.ParquetWriter(
+                pa.PythonFile(raw, mode="w"), self.schema, memory_pool=memory_pool(), **writer_options()
+            ) as writer,
+        ):
             index = ImageIndex(raw, self.path)
             for row in rows:
                 pending.append(row)
@@ -76,8 +81,7 @@ class ImageIndex:
         self.done = end
 
 
-def locate_values(region: mmap.mmap, start: int, end: int, values: list[bytes], path: Path
-                  ) -> list[tuple[int, int]]:
+def locate_values(region: mmap.mmap, start: int, end: int, values: list[bytes], path: Path) -> list[tuple[int, int]]:
     """(file offset, size) of each value within region[start:end], in order.
 
     PLAIN, uncompressed binary values appear verbatim as a 4-byte little-endian length then the bytes; each is
@@ -87,13 +91,14 @@ def locate_values(region: mmap.mmap, start: int, end: int, values: list[bytes], 
     for row, value in enumerate(values):
         head = struct.pack("<I", len(value)) + value[:64]
         hit = region.find(head, pos, end)
-        while hit >= 0 and region[hit + 4:hit + 4 + len(value)] != value:
+        while hit >= 0 and region[hit + 4 : hit + 4 + len(value)] != value:
             hit = region.find(head, hit + 1, end)
         if hit < 0:
             raise PipelineError(
                 f"{path}: expected image {row} of the row group ({len(value)} bytes) stored verbatim (PLAIN, "
                 "uncompressed image.bytes), found it nowhere in the bytes written; writer_options() must keep "
-                "image.bytes uncompressed and without dictionary")
+                "image.bytes uncompressed and without dictionary"
+            )
         found.append((hit + 4, len(value)))
         pos = hit + 4 + len(value)
     return found
@@ -118,8 +123,10 @@ def _array(values: list[Any], type_: pa.DataType, pool: pa.MemoryPool) -> pa.Arr
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum([len(v) for v in values], out=offsets[1:])
     if offsets[-1] >= 2**31:
-        raise PipelineError(f"params.yaml convert.row_group_rows: expected row groups under 2 GiB of image bytes, "
-                            f"found {offsets[-1]} bytes in {len(values)} rows; lower row_group_rows")
+        raise PipelineError(
+            f"params.yaml convert.row_group_rows: expected row groups under 2 GiB of image bytes, "
+            f"found {offsets[-1]} bytes in {len(values)} rows; lower row_group_rows"
+        )
     data = pa.py_buffer(b"".join(values))
     return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(offsets.astype(np.int32)), data])
 

@@ -5,6 +5,7 @@ change, skipping", "Stage 'x' is cached - skipping run, ...", "failed to reprodu
 dvc.lock before and after the run: a stage whose dvc.lock entry changed although no line said it ran is reported
 (`lock_drift`), so a change in DVC's wording cannot go unnoticed.
 """
+
 from __future__ import annotations
 
 import collections
@@ -19,17 +20,23 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
-RAN, RESTORED, SKIPPED, FAILED, NOT_REACHED = "ran", "restored from run-cache", "skipped (unchanged)", "failed", \
-    "not reached"
+RAN, RESTORED, SKIPPED, FAILED, NOT_REACHED = (
+    "ran",
+    "restored from run-cache",
+    "skipped (unchanged)",
+    "failed",
+    "not reached",
+)
 _STAGE_LINE = re.compile(
     r"Running stage '(?P<ran>[^']+)':"
     r"|Stage '(?P<restored>[^']+)' is cached - skipping run"
     r"|'(?P<skipped>[^']+)' didn't change, skipping"
-    r"|failed to reproduce '(?P<failed>[^']+)'")
+    r"|failed to reproduce '(?P<failed>[^']+)'"
+)
 _GROUPS = {"ran": RAN, "restored": RESTORED, "skipped": SKIPPED, "failed": FAILED}
 
 
@@ -52,7 +59,7 @@ def dvc_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def stream_lines(stream: io.RawIOBase, progress_every: float = 5.0) -> Iterable[str]:
+def stream_lines(stream: IO[bytes], progress_every: float = 5.0) -> Iterable[str]:
     """Lines of a process's output as they arrive. Progress-bar redraws (lines ended by a bare CR) are passed on
     at most once every `progress_every` seconds; empty lines are dropped."""
     last_progress = -math.inf
@@ -67,14 +74,26 @@ def stream_lines(stream: io.RawIOBase, progress_every: float = 5.0) -> Iterable[
         yield text
 
 
-def run_dvc(args: list[str], project: Path, on_line: Callable[[str], None], env: dict[str, str] | None = None,
-            tail_lines: int = 40) -> DvcRun:
+def run_dvc(
+    args: list[str],
+    project: Path,
+    on_line: Callable[[str], None],
+    env: dict[str, str] | None = None,
+    tail_lines: int = 40,
+) -> DvcRun:
     """Run `dvc <args>` in `project`; pass each output line (stdout and stderr merged) to `on_line` as it comes."""
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=project, env=env or dvc_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=project,
+        env=env or dvc_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     seen: dict[str, str] = {}
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     try:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in stream_lines(proc.stdout):
             on_line(line)
             tail.append(line)
@@ -90,7 +109,8 @@ def run_dvc(args: list[str], project: Path, on_line: Callable[[str], None], env:
 def _stages(path: Path) -> dict[str, Any]:
     """The `stages:` mapping of a dvc.yaml or dvc.lock file."""
     with open(path, encoding="utf-8") as fh:
-        return (yaml.safe_load(fh) or {}).get("stages", {})
+        stages: dict[str, Any] = (yaml.safe_load(fh) or {}).get("stages", {})
+    return stages
 
 
 def stage_names(project: Path) -> list[str]:
@@ -104,18 +124,25 @@ def lock_entries(project: Path) -> dict[str, Any]:
     return _stages(lock) if lock.exists() else {}
 
 
-def stage_outcomes(stages: list[str], run: DvcRun, before: dict[str, Any], after: dict[str, Any]) -> list[dict]:
+def stage_outcomes(
+    stages: list[str], run: DvcRun, before: dict[str, Any], after: dict[str, Any]
+) -> list[dict[str, str]]:
     """One row per stage: its outcome in this run and whether its dvc.lock entry changed."""
     seen = dict(run.seen)
     ran = [stage for stage, outcome in seen.items() if outcome == RAN]
     if run.returncode != 0 and FAILED not in seen.values() and ran:
         seen[ran[-1]] = FAILED  # DVC stopped without its usual "failed to reproduce" line
-    return [{"stage": stage, "outcome": seen.get(stage, NOT_REACHED),
-             "dvc.lock": "updated" if before.get(stage) != after.get(stage) else "unchanged"}
-            for stage in stages]
+    return [
+        {
+            "stage": stage,
+            "outcome": seen.get(stage, NOT_REACHED),
+            "dvc.lock": "updated" if before.get(stage) != after.get(stage) else "unchanged",
+        }
+        for stage in stages
+    ]
 
 
-def lock_drift(rows: list[dict]) -> list[str]:
+def lock_drift(rows: list[dict[str, str]]) -> list[str]:
     """Stages whose dvc.lock entry changed although no output line said they ran (should never happen)."""
     return [row["stage"] for row in rows if row["dvc.lock"] == "updated" and row["outcome"] not in (RAN, RESTORED)]
 

@@ -8,6 +8,7 @@ The fields that map onto a params.yaml key take that key's type and bounds from 
 so the form accepts exactly what the pipeline accepts; the edited params.yaml is validated whole before it is
 written.
 """
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,11 @@ def _like(section: str, key: str) -> Any:
 
 
 # Form fields that are params.yaml keys: their types and bounds come from the params models (one set of rules).
-PARAMS_FIELDS = {"policy": ("convert", "policy"), "quality": ("convert", "quality"),
-                 "resize_shorter": ("convert", "resize_shorter")}
+PARAMS_FIELDS = {
+    "policy": ("convert", "policy"),
+    "quality": ("convert", "quality"),
+    "resize_shorter": ("convert", "resize_shorter"),
+}
 if TYPE_CHECKING:  # what the models say, spelled out for type checkers
     PolicyField = str
     QualityField = int
@@ -74,13 +78,28 @@ class Rule:
 # Cross-field rules: checked by the model (in the flow run) AND written into the JSON schema, so the Prefect
 # server refuses a run that breaks one before the run is created.
 RULES = (
-    Rule("preset", (SourcePreset.archives.value,), "location", None,
-         "the imagenet1k-archives preset needs `location`: a directory or URL prefix holding the three official "
-         "archives (ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz)"),
-    Rule("preset", (SourcePreset.folder.value,), "location", None,
-         "the imagenet100-folder preset needs `location`: the directory holding train/WNID/ and val/WNID/"),
-    Rule("classes", (ClassSubset.file.value,), "classes_file", None,
-         "classes=file needs `classes_file`: a text file with one wnid per line"),
+    Rule(
+        "preset",
+        (SourcePreset.archives.value,),
+        "location",
+        None,
+        "the imagenet1k-archives preset needs `location`: a directory or URL prefix holding the three official "
+        "archives (ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz)",
+    ),
+    Rule(
+        "preset",
+        (SourcePreset.folder.value,),
+        "location",
+        None,
+        "the imagenet100-folder preset needs `location`: the directory holding train/WNID/ and val/WNID/",
+    ),
+    Rule(
+        "classes",
+        (ClassSubset.file.value,),
+        "classes_file",
+        None,
+        "classes=file needs `classes_file`: a text file with one wnid per line",
+    ),
 )
 
 
@@ -95,8 +114,9 @@ def _schema_condition(field: str, allowed: tuple[str, ...] | None) -> dict[str, 
 
 
 def _rules_schema(schema: dict[str, Any]) -> None:
-    schema["allOf"] = [{"if": _schema_condition(r.when, r.when_in), "then": _schema_condition(r.then, r.then_in)}
-                       for r in RULES]
+    schema["allOf"] = [
+        {"if": _schema_condition(r.when, r.when_in), "then": _schema_condition(r.then, r.then_in)} for r in RULES
+    ]
 
 
 class RunParams(BaseModel):
@@ -104,32 +124,66 @@ class RunParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False, json_schema_extra=_rules_schema)
 
-    preset: SourcePreset = Field(SourcePreset.sample, title="Source preset", description=(
-        "sample: the built-in ILSVRC2012-shaped sample. imagenet1k-archives: the three official ILSVRC2012 "
-        "archives at `location`. imagenet100-folder: an extracted train/WNID/, val/WNID/ tree at `location`."))
-    location: str | None = Field(None, title="Source path or URL", description=(
-        "Archives: a directory or URL prefix (file://, http(s)://, s3://bucket/prefix). Folder: a directory on "
-        "the machine that runs the flow. Unused for the sample."))
-    classes: ClassSubset = Field(ClassSubset.all, title="Class subset", description=(
-        "all: every class found. imagenet100: the CMC ImageNet100 list shipped with the project. "
-        "file: the wnids listed in `classes_file`."))
-    classes_file: str | None = Field(None, title="Class list file",
-                                     description="With classes=file: a text file with one wnid per line.")
-    policy: PolicyField = Field("passthrough", title="Encoding policy", description=(
-        "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images, and images larger than "
-        "`resize_shorter`, are still converted). reencode: decode and re-encode every image as JPEG at `quality`."))
+    preset: SourcePreset = Field(
+        SourcePreset.sample,
+        title="Source preset",
+        description=(
+            "sample: the built-in ILSVRC2012-shaped sample. imagenet1k-archives: the three official ILSVRC2012 "
+            "archives at `location`. imagenet100-folder: an extracted train/WNID/, val/WNID/ tree at `location`."
+        ),
+    )
+    location: str | None = Field(
+        None,
+        title="Source path or URL",
+        description=(
+            "Archives: a directory or URL prefix (file://, http(s)://, s3://bucket/prefix). Folder: a directory on "
+            "the machine that runs the flow. Unused for the sample."
+        ),
+    )
+    classes: ClassSubset = Field(
+        ClassSubset.all,
+        title="Class subset",
+        description=(
+            "all: every class found. imagenet100: the CMC ImageNet100 list shipped with the project. "
+            "file: the wnids listed in `classes_file`."
+        ),
+    )
+    classes_file: str | None = Field(
+        None, title="Class list file", description="With classes=file: a text file with one wnid per line."
+    )
+    policy: PolicyField = Field(
+        "passthrough",
+        title="Encoding policy",
+        description=(
+            "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images, and images larger than "
+            "`resize_shorter`, are still converted). reencode: decode and re-encode every image as JPEG at `quality`."
+        ),
+    )
     quality: QualityField = Field(90, title="JPEG quality", description="When an image is (re-)encoded.")
-    resize_shorter: ResizeField = Field(None, title="Resize shorter side", description=(
-        "Resize images whose shorter side is larger to this many pixels (re-encoded; never upscaled). "
-        "Empty: keep the size."))
-    push: bool = Field(False, title="dvc push", description=(
-        "After a successful run, `dvc push` the tracked outputs (Parquet, label map, reports) to the default "
-        "DVC remote."))
+    resize_shorter: ResizeField = Field(
+        None,
+        title="Resize shorter side",
+        description=(
+            "Resize images whose shorter side is larger to this many pixels (re-encoded; never upscaled). "
+            "Empty: keep the size."
+        ),
+    )
+    push: bool = Field(
+        False,
+        title="dvc push",
+        description=(
+            "After a successful run, `dvc push` the tracked outputs (Parquet, label map, reports) to the default "
+            "DVC remote."
+        ),
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunParams:
-        broken = [r.message for r in RULES
-                  if _holds(getattr(self, r.when), r.when_in) and not _holds(getattr(self, r.then), r.then_in)]
+        broken = [
+            r.message
+            for r in RULES
+            if _holds(getattr(self, r.when), r.when_in) and not _holds(getattr(self, r.then), r.then_in)
+        ]
         if broken:
             raise ValueError("; ".join(broken))
         return self
@@ -153,12 +207,13 @@ def params_updates(form: RunParams) -> dict[tuple[str, str], Any]:
 
 def _yaml() -> YAML:
     yaml = YAML()  # round-trip mode: comments, key order, flow-style lists and quoting survive
-    yaml.representer.add_representer(
-        type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null"))
+    yaml.representer.add_representer(type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null"))
     return yaml
 
 
-def apply_params(params_file: str | os.PathLike, updates: dict[tuple[str, str], Any]) -> dict[str, tuple[Any, Any]]:
+def apply_params(
+    params_file: str | os.PathLike[str], updates: dict[tuple[str, str], Any]
+) -> dict[str, tuple[Any, Any]]:
     """Write `updates` into params_file in place; return {"section.key": (old, new)} for the values that changed.
 
     The file is rewritten (atomically) only when a value changes, and only when the result validates whole
@@ -169,8 +224,10 @@ def apply_params(params_file: str | os.PathLike, updates: dict[tuple[str, str], 
     changed = {}
     for (section, key), value in updates.items():
         if not isinstance(doc.get(section), dict) or key not in doc[section]:
-            raise PipelineError(f"{params_file}: expected a key '{key}' in section '{section}:', found none; "
-                                "restore params.yaml from git (`git checkout params.yaml`)")
+            raise PipelineError(
+                f"{params_file}: expected a key '{key}' in section '{section}:', found none; "
+                "restore params.yaml from git (`git checkout params.yaml`)"
+            )
         if doc[section][key] != value:
             changed[f"{section}.{key}"] = (doc[section][key], value)
             doc[section][key] = value
@@ -194,5 +251,7 @@ def preflight(form: RunParams, project: Path) -> None:
         local.append(("classes_file", form.classes_file))
     for field, value in local:
         if value and not _is_url(value) and not resolve_path(project, value).exists():
-            raise PipelineError(f"run form: `{field}` is {value!r}, which does not exist on this machine "
-                                f"(looked from {project}); expected an existing path — fix the field and run again")
+            raise PipelineError(
+                f"run form: `{field}` is {value!r}, which does not exist on this machine "
+                f"(looked from {project}); expected an existing path — fix the field and run again"
+            )

@@ -1,4 +1,5 @@
 """Class catalog, class subsets and the label map shared by train and val (sorted-wnid order)."""
+
 from __future__ import annotations
 
 import os
@@ -20,11 +21,12 @@ def unique_names(catalog: dict[str, Synset]) -> dict[str, str]:
     the same name whatever subset is selected (e.g. both cranes are `crane (n02012849)`, `crane (n03126707)`)."""
     everyone = {**shipped_synsets(), **catalog}
     counts = Counter(s.first_synonym for s in everyone.values())
-    return {wnid: s.first_synonym + (f" ({wnid})" if counts[s.first_synonym] > 1 else "")
-            for wnid, s in catalog.items()}
+    return {
+        wnid: s.first_synonym + (f" ({wnid})" if counts[s.first_synonym] > 1 else "") for wnid, s in catalog.items()
+    }
 
 
-def read_class_list(spec: str | os.PathLike | None, root: Path = Path(".")) -> list[str] | None:
+def read_class_list(spec: str | os.PathLike[str] | None, root: Path = Path(".")) -> list[str] | None:
     """`all` (or None) → None; `imagenet100` → the shipped CMC list; else a file of one wnid per line (a relative
     path against `root`, the project).
 
@@ -33,8 +35,10 @@ def read_class_list(spec: str | os.PathLike | None, root: Path = Path(".")) -> l
         return None
     path = SUBSETS.get(str(spec), resolve_path(root, spec))
     if not path.is_file():
-        raise PipelineError(f"params.yaml extract.classes: expected all, {', '.join(SUBSETS)} or a file of "
-                            f"wnids, found {str(spec)!r} (no such file); fix the parameter")
+        raise PipelineError(
+            f"params.yaml extract.classes: expected all, {', '.join(SUBSETS)} or a file of "
+            f"wnids, found {str(spec)!r} (no such file); fix the parameter"
+        )
     wnids: list[str] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         text = line.split("#", 1)[0].strip()
@@ -42,8 +46,9 @@ def read_class_list(spec: str | os.PathLike | None, root: Path = Path(".")) -> l
             continue
         if not WNID.match(text) or text in wnids:
             problem = "a repeated wnid" if text in wnids else "not a wnid like n01440764"
-            raise PipelineError(f"{path}:{number}: expected one wnid per line, found {text!r} ({problem}); "
-                                "fix the class list")
+            raise PipelineError(
+                f"{path}:{number}: expected one wnid per line, found {text!r} ({problem}); fix the class list"
+            )
         wnids.append(text)
     if not wnids:
         raise PipelineError(f"{path}: expected at least one wnid, found none; fix the class list")
@@ -60,34 +65,50 @@ def check_known(wnids: set[str], catalog: dict[str, Synset], where: str, catalog
     """Every wnid found in the data must be a class of the catalog (devkit leaves or shipped synsets)."""
     unknown = wnids - set(catalog)
     if unknown:
-        raise PipelineError(f"{where}: expected classes listed in {catalog_name}, found {len(unknown)} unknown "
-                            f"wnid(s): {_listing(unknown)}; fix the data or the label source")
+        raise PipelineError(
+            f"{where}: expected classes listed in {catalog_name}, found {len(unknown)} unknown "
+            f"wnid(s): {_listing(unknown)}; fix the data or the label source"
+        )
 
 
-def select_classes(train: set[str], val: set[str], subset: list[str] | None, train_where: str,
-                   val_where: str) -> list[str]:
+def select_classes(
+    train: set[str], val: set[str], subset: list[str] | None, train_where: str, val_where: str
+) -> list[str]:
     """The sorted classes to keep: all of train (= val), or the subset (which both splits must contain)."""
     if subset is not None:
         missing = {"train": set(subset) - train, "val": set(subset) - val}
         for split, where in (("train", train_where), ("val", val_where)):
             if missing[split]:
-                raise PipelineError(f"{where}: expected every class of extract.classes in {split}, missing "
-                                    f"{len(missing[split])}: {_listing(missing[split])}; choose another subset")
+                raise PipelineError(
+                    f"{where}: expected every class of extract.classes in {split}, missing "
+                    f"{len(missing[split])}: {_listing(missing[split])}; choose another subset"
+                )
         return sorted(subset)
     if not train and not val:
-        raise PipelineError(f"{train_where}, {val_where}: expected images of at least one class, found none; "
-                            "check the input (skipped files are listed in the log)")
+        raise PipelineError(
+            f"{train_where}, {val_where}: expected images of at least one class, found none; "
+            "check the input (skipped files are listed in the log)"
+        )
     if train != val:
         raise PipelineError(
             f"{train_where} vs {val_where}: expected the same classes in train and val, found "
             f"{len(train - val)} only in train ({_listing(train - val)}) and {len(val - train)} only in val "
-            f"({_listing(val - train)}); fix the data or select a common subset with extract.classes")
+            f"({_listing(val - train)}); fix the data or select a common subset with extract.classes"
+        )
     return sorted(train)
 
 
 def label_map(wnids: list[str], catalog: dict[str, Synset], label_source: str) -> dict[str, Any]:
     """The label map (docs/CONTRACTS.md): label = position of the wnid in sorted order, 0..K-1."""
     names = unique_names(catalog)
-    classes = [{"label": label, "wnid": wnid, "name": names[wnid], "words": catalog[wnid].words,
-                "ilsvrc2012_id": catalog[wnid].ilsvrc2012_id} for label, wnid in enumerate(sorted(wnids))]
+    classes = [
+        {
+            "label": label,
+            "wnid": wnid,
+            "name": names[wnid],
+            "words": catalog[wnid].words,
+            "ilsvrc2012_id": catalog[wnid].ilsvrc2012_id,
+        }
+        for label, wnid in enumerate(sorted(wnids))
+    ]
     return {"num_classes": len(classes), "label_source": label_source, "classes": classes}

@@ -2,6 +2,7 @@
 
 Images are files with extension .JPEG/.jpeg/.jpg/.png in any case; anything else is reported and skipped. A
 class folder without images is reported; the class then counts as absent from that split."""
+
 from __future__ import annotations
 
 import os
@@ -9,12 +10,12 @@ from pathlib import Path
 
 from tasks.common import PipelineError
 from tasks.common.synsets import WNID
-from tasks.extract.tarindex import collisions, is_image, is_utf8, NOT_IMAGE, NOT_UTF8, report
+from tasks.extract.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, report
 
 Row = dict[str, object]
 
 
-def source_path(path: str | os.PathLike, root: str | os.PathLike) -> str:
+def source_path(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:
     """`path` relative to `root` when inside it, else absolute (symlinks are not resolved: a linked archive
     keeps its name inside the repo)."""
     absolute, base = os.path.abspath(path), os.path.abspath(root)
@@ -27,41 +28,64 @@ def _sorted_entries(directory: Path) -> list[os.DirEntry[str]]:
         return sorted(it, key=lambda e: e.name)
 
 
-def scan_folder_split(folder: str | os.PathLike, split: str, root: str | os.PathLike) -> tuple[list[Row], list[dict]]:
+def scan_folder_split(
+    folder: str | os.PathLike[str], split: str, root: str | os.PathLike[str]
+) -> tuple[list[Row], list[dict[str, str]]]:
     """One row per image of `<folder>/<split>/<wnid>/`, plus report entries (skipped files, empty classes)."""
     base = Path(folder) / split
     if not base.is_dir():
-        raise PipelineError(f"{base}: expected the {split} folder of an ImageFolder tree ({split}/<wnid>/<image>), "
-                            "found no such directory; set extract.folder to the tree's root")
+        raise PipelineError(
+            f"{base}: expected the {split} folder of an ImageFolder tree ({split}/<wnid>/<image>), "
+            "found no such directory; set extract.folder to the tree's root"
+        )
     rows: list[Row] = []
-    reported: list[dict] = []
+    reported: list[dict[str, str]] = []
     for entry in _sorted_entries(base):
         if not entry.is_dir():
             reported.append(report(split, source_path(entry.path, root), "", "not a class folder"))
             continue
         if not WNID.match(entry.name):
-            raise PipelineError(f"{entry.path}: expected class folders named by wnid (like n01440764), found "
-                                f"{entry.name!r}; rename or remove it")
+            raise PipelineError(
+                f"{entry.path}: expected class folders named by wnid (like n01440764), found "
+                f"{entry.name!r}; rename or remove it"
+            )
         found, notes = _scan_class(Path(entry.path), entry.name, split, root)
         rows += found
         reported += notes
     return rows, reported
 
 
-def _scan_class(directory: Path, wnid: str, split: str, root: str | os.PathLike) -> tuple[list[Row], list[dict]]:
+def _scan_class(
+    directory: Path, wnid: str, split: str, root: str | os.PathLike[str]
+) -> tuple[list[Row], list[dict[str, str]]]:
     rows: list[Row] = []
-    reported: list[dict] = []
+    reported: list[dict[str, str]] = []
     for entry in _sorted_entries(directory):
         source = source_path(entry.path, root)
         reason = _skip_reason(entry)
         if reason:
             reported.append(report(split, source, "", reason))
             continue
-        rows.append({"wnid": wnid, "name": entry.name, "source": source, "member": "", "offset": 0,
-                     "size": entry.stat().st_size})
+        rows.append(
+            {
+                "wnid": wnid,
+                "name": entry.name,
+                "source": source,
+                "member": "",
+                "offset": 0,
+                "size": entry.stat().st_size,
+            }
+        )
     if not rows:
-        reported.append(report(split, source_path(directory, root), "", "empty class folder (no images)",
-                               action=f"class {wnid} counts as absent from {split}"))
+        reported.append(
+            report(
+                split,
+                source_path(directory, root),
+                "",
+                "empty class folder (no images)",
+                action=f"class {wnid} counts as absent from {split}",
+            )
+        )
     reported += collisions(split, source_path(directory, root), [str(r["name"]) for r in rows])
     return rows, reported
 

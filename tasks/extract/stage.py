@@ -5,6 +5,7 @@ is one `pread` from the verified archive. Steps (each a Prefect task in flows/ex
 `scan_archive_split` / `scan_folder_split_to` write a staging index per split under `<work>/extract/`;
 `finalize` labels val, applies the class subset, checks train/val agree and writes the outputs of
 docs/CONTRACTS.md; `tasks.extract.materialize` optionally writes an ImageFolder tree."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tasks.extract import devkit as dk
-from tasks.extract import classes as labels
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
-from tasks.common.layout import MANIFEST_SCHEMA
+from tasks.common.layout import EXTRACT_REPORT, MANIFEST_SCHEMA
 from tasks.common.params import Project, resolve_path
 from tasks.common.synsets import Synset, shipped_synsets
+from tasks.extract import classes as labels
+from tasks.extract import devkit as dk
 from tasks.extract.folder_scan import scan_folder_split, source_path
 from tasks.extract.tarindex import index_nested, index_tar
 
@@ -56,15 +57,31 @@ def job_from_params(project: Project) -> ExtractJob:
     """The job; an unreadable class list fails now, before hours of scanning."""
     params, raw, work = project.params.extract, project.path("raw"), project.path("work")
     archives = params.mode == "archives"
-    folder = project.resolve(params.folder) if params.folder else None
-    inputs = {split: raw / ARCHIVES[split] if archives else folder for split in SPLITS}
     if params.materialize and not archives:
         log.warning("extract.materialize ignored in folder mode: the input already is an ImageFolder tree")
-    job = ExtractJob(params.mode, inputs, raw / ARCHIVES["devkit"], work / "extract", project.path("manifests"),
-                     project.path("label_map"), work / "imagefolder" if params.materialize and archives else None,
-                     params.classes, params.val_labels, project.root)
+    job = ExtractJob(
+        params.mode,
+        _inputs(project),
+        raw / ARCHIVES["devkit"],
+        work / "extract",
+        project.path("manifests"),
+        project.path("label_map"),
+        work / "imagefolder" if params.materialize and archives else None,
+        params.classes,
+        params.val_labels,
+        project.root,
+    )
     labels.read_class_list(job.classes, job.root)
     return job
+
+
+def _inputs(project: Project) -> dict[str, Path]:
+    """split -> its archive (archives mode), or the root of the train/<wnid>, val/<wnid> tree (folder mode)."""
+    params, raw = project.params.extract, project.path("raw")
+    if params.mode == "archives":
+        return {split: raw / ARCHIVES[split] for split in SPLITS}
+    assert params.folder is not None  # ExtractParams refuses folder mode without a folder
+    return dict.fromkeys(SPLITS, project.resolve(params.folder))
 
 
 def scan_split(job: ExtractJob, split: str) -> Path:
@@ -76,21 +93,29 @@ def scan_split(job: ExtractJob, split: str) -> Path:
 
 def finalize_job(job: ExtractJob) -> dict[str, Any]:
     """`finalize` with the job's paths and params."""
-    return finalize(job.staging, job.manifests, job.label_map, mode=job.mode, val_labels=job.val_labels,
-                    classes=job.classes, devkit_path=job.devkit, imagefolder=source_path(job.tree, job.root) if job.tree else None,
-                    root=job.root)
+    return finalize(
+        job.staging,
+        job.manifests,
+        job.label_map,
+        mode=job.mode,
+        val_labels=job.val_labels,
+        classes=job.classes,
+        devkit_path=job.devkit,
+        imagefolder=source_path(job.tree, job.root) if job.tree else None,
+        root=job.root,
+    )
 
 
-def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str,
-                   reported: list[dict[str, str]]) -> Path:
+def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str, reported: list[dict[str, str]]) -> Path:
     with atomic_path(staging_dir / f"{split}.parquet") as tmp:
         pq.write_table(table, tmp)
     write_json(staging_dir / f"{split}.scan.json", {"where": where, "reported": reported})
     return staging_dir / f"{split}.parquet"
 
 
-def scan_archive_split(split: str, archive: str | os.PathLike, staging_dir: str | os.PathLike,
-                       root: str | os.PathLike = ".") -> Path:
+def scan_archive_split(
+    split: str, archive: str | os.PathLike[str], staging_dir: str | os.PathLike[str], root: str | os.PathLike[str] = "."
+) -> Path:
     """Index the train archive (nested per-class tars) or the val archive; return the staging index path."""
     source = source_path(archive, root)
     index = index_nested if split == "train" else index_tar
@@ -101,8 +126,9 @@ def scan_archive_split(split: str, archive: str | os.PathLike, staging_dir: str 
     return _write_staging(Path(staging_dir), split, table, str(archive), reported)
 
 
-def scan_folder_split_to(split: str, folder: str | os.PathLike, staging_dir: str | os.PathLike,
-                         root: str | os.PathLike = ".") -> Path:
+def scan_folder_split_to(
+    split: str, folder: str | os.PathLike[str], staging_dir: str | os.PathLike[str], root: str | os.PathLike[str] = "."
+) -> Path:
     """Index `<folder>/<split>/<wnid>/*` (folder mode); return the staging index path."""
     rows, reported = scan_folder_split(folder, split, root)
     table = pa.Table.from_pylist(rows, schema=STAGING_SCHEMA)
@@ -114,28 +140,40 @@ def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, An
     return pq.read_table(staging_dir / f"{split}.parquet", schema=STAGING_SCHEMA), scan
 
 
-def _label_val(val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None, root: Path
-               ) -> tuple[pa.Table, dict[str, Synset], str, str]:
+def _label_val(
+    val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None, root: Path
+) -> tuple[pa.Table, dict[str, Synset], str, str]:
     """Archives mode: give every val row its wnid; return (val, catalog, catalog name, label source)."""
     names = val.column("name").to_pylist()
     devkit = dk.read_devkit(devkit_path) if devkit_path and (val_labels == "devkit" or devkit_path.exists()) else None
     catalog = devkit.leaves if devkit else shipped_synsets()
     catalog_name = f"{devkit_path}:{dk.META}" if devkit else "tasks/common/data/synsets.tsv"
     if val_labels == "devkit":
-        mapping = dk.labels_from_devkit(devkit, names, f"{devkit_path}:{dk.GROUND_TRUTH}")  # type: ignore[arg-type]
+        if devkit is None:  # finalize_job always passes it; a library caller may not
+            raise PipelineError(
+                "extract.val_labels is devkit: expected devkit_path (ILSVRC2012_devkit_t12.tar.gz), "
+                "found none; pass it, or a filename,wnid CSV as val_labels"
+            )
+        mapping = dk.labels_from_devkit(devkit, names, f"{devkit_path}:{dk.GROUND_TRUTH}")
     else:
         mapping = dk.read_label_csv(resolve_path(root, val_labels))
         dk.check_label_coverage(mapping, names, val_labels, val_where)
     wnids = pa.array([mapping[name] for name in names], pa.string())
-    return val.set_column(val.schema.get_field_index("wnid"), "wnid", wnids), catalog, catalog_name, \
-        "devkit" if val_labels == "devkit" else "csv"
+    return (
+        val.set_column(val.schema.get_field_index("wnid"), "wnid", wnids),
+        catalog,
+        catalog_name,
+        "devkit" if val_labels == "devkit" else "csv",
+    )
 
 
 def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table:
     kept = table.filter(pc.is_in(table.column("wnid"), pa.array(sorted(label_of), pa.string())))
     kept = kept.sort_by(SORT_KEYS)
-    added = {"split": pa.array([split] * kept.num_rows, pa.string()),
-             "label": pa.array([label_of[w] for w in kept.column("wnid").to_pylist()], pa.int64())}
+    added = {
+        "split": pa.array([split] * kept.num_rows, pa.string()),
+        "label": pa.array([label_of[w] for w in kept.column("wnid").to_pylist()], pa.int64()),
+    }
     arrays = [added[f.name] if f.name in added else kept.column(f.name) for f in MANIFEST_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA).combine_chunks()
 
@@ -145,10 +183,17 @@ def _write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
         pq.write_table(table, tmp, compression="zstd")
 
 
-def finalize(staging_dir: str | os.PathLike, manifests_dir: str | os.PathLike, label_map_path: str | os.PathLike,
-             mode: str = "archives", val_labels: str = "devkit", classes: str = "all",
-             devkit_path: str | os.PathLike | None = None, imagefolder: str | None = None,
-             root: str | os.PathLike = ".") -> dict[str, Any]:
+def finalize(
+    staging_dir: str | os.PathLike[str],
+    manifests_dir: str | os.PathLike[str],
+    label_map_path: str | os.PathLike[str],
+    mode: str = "archives",
+    val_labels: str = "devkit",
+    classes: str = "all",
+    devkit_path: str | os.PathLike[str] | None = None,
+    imagefolder: str | None = None,
+    root: str | os.PathLike[str] = ".",
+) -> dict[str, Any]:
     """Label val, select classes, check train/val agree; write manifests, extract_report.json, label map.
 
     `classes` and `val_labels` name files relative to `root` (the project) when they are paths."""
@@ -161,30 +206,57 @@ def finalize(staging_dir: str | os.PathLike, manifests_dir: str | os.PathLike, l
         catalog, catalog_name, label_source = shipped_synsets(), "tasks/common/data/synsets.tsv", "folder"
     else:
         tables["val"], catalog, catalog_name, label_source = _label_val(
-            tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root))
+            tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root)
+        )
+    keep = _select(tables, where, catalog, catalog_name, labels.read_class_list(classes, Path(root)))
+    label_map = labels.label_map(keep, catalog, label_source)
+    label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
+    counts = _write_manifests(Path(manifests_dir), tables, label_of)
+    report = {
+        "mode": mode,
+        "label_source": label_source,
+        "classes": str(classes),
+        "num_classes": len(keep),
+        "images": {s: n for s, (n, _) in counts.items()},
+        "outside_subset": {s: n for s, (_, n) in counts.items()},
+        "reported": reported,
+        "imagefolder": imagefolder,
+    }
+    write_json(Path(manifests_dir) / EXTRACT_REPORT, report)
+    write_json(label_map_path, label_map)
+    return report
+
+
+def _select(
+    tables: dict[str, pa.Table],
+    where: dict[str, str],
+    catalog: dict[str, Synset],
+    catalog_name: str,
+    subset: list[str] | None,
+) -> list[str]:
+    """The classes to keep: every wnid found must be in the catalog; train and val agree (or hold the subset)."""
     found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
     for split in SPLITS:
         labels.check_known(found[split], catalog, where[split], catalog_name)
-    keep = labels.select_classes(found["train"], found["val"], labels.read_class_list(classes, Path(root)),
-                                 where["train"], where["val"])
-    label_map = labels.label_map(keep, catalog, label_source)
-    label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
+    return labels.select_classes(found["train"], found["val"], subset, where["train"], where["val"])
+
+
+def _write_manifests(
+    manifests_dir: Path, tables: dict[str, pa.Table], label_of: dict[str, int]
+) -> dict[str, tuple[int, int]]:
+    """Each split's manifest (the selected classes, labelled); returns (rows kept, rows outside the subset)."""
     counts = {}
     for split in SPLITS:
         manifest = _manifest(split, tables[split], label_of)
-        _write_manifest(Path(manifests_dir), split, manifest)
+        _write_manifest(manifests_dir, split, manifest)
         counts[split] = (manifest.num_rows, tables[split].num_rows - manifest.num_rows)
-    report = {"mode": mode, "label_source": label_source, "classes": str(classes), "num_classes": len(keep),
-              "images": {s: n for s, (n, _) in counts.items()}, "outside_subset": {s: n for s, (_, n) in counts.items()},
-              "reported": reported, "imagefolder": imagefolder}
-    write_json(Path(manifests_dir) / "extract_report.json", report)
-    write_json(label_map_path, label_map)
-    return report
+    return counts
 
 
 def _log_reported(reported: list[dict[str, str]], limit: int = 20) -> None:
     for item in reported[:limit]:
         log.warning("%s: %s %s: %s (%s)", item["split"], item["source"], item["member"], item["reason"], item["action"])
     if len(reported) > limit:
-        log.warning("… %d more reported files: see extract_report.json (or the staging *.scan.json)",
-                    len(reported) - limit)
+        log.warning(
+            "… %d more reported files: see extract_report.json (or the staging *.scan.json)", len(reported) - limit
+        )

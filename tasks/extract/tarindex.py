@@ -7,6 +7,7 @@ are read; tarfile seeks over the data.
 
 Every member is checked before it is used: absolute paths, `..`, links, devices/FIFOs, sparse members and
 sizes that run past the end of the (inner) archive are refused with an error naming the archive and member."""
+
 from __future__ import annotations
 
 import os
@@ -16,12 +17,24 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
+from typing import Literal, TypedDict
 
 from tasks.common import PipelineError
 
+ReadMode = Literal["r", "r:*", "r:", "r:gz", "r:bz2", "r:xz"]  # tarfile.open's random-access read modes
+
+
+class _NameDecoding(TypedDict):
+    """tarfile.open's member-name decoding arguments."""
+
+    encoding: str
+    errors: str
+
+
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")  # compared case-insensitively
 CLASS_TAR = re.compile(r"^(n\d{8})\.tar$")
-TAR_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}  # undecodable bytes survive, get reported
+# member names: undecodable bytes survive, get reported
+TAR_ENCODING: _NameDecoding = {"encoding": "utf-8", "errors": "surrogateescape"}
 NOT_UTF8 = "name is not valid UTF-8 (cannot be stored in the manifest)"
 NOT_IMAGE = f"not an image (extension not one of {', '.join(IMAGE_EXTENSIONS)})"
 
@@ -63,7 +76,8 @@ def _refuse(archive: str, member: str, why: str) -> PipelineError:
     return PipelineError(
         f"{archive}: refused member {printable(member)!r}: {why}. Expected only regular files and directories "
         "with relative paths that fit inside the archive. The archive is damaged or not the official one: "
-        "replace it with the official file (or fix it) and run `dvc repro` again.")
+        "replace it with the official file (or fix it) and run `dvc repro` again."
+    )
 
 
 def check_member(archive: str, info: tarfile.TarInfo, limit: int | None) -> None:
@@ -83,8 +97,11 @@ def check_member(archive: str, info: tarfile.TarInfo, limit: int | None) -> None
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
         raise _refuse(archive, name, "its path contains '..'")
     if info.size < 0 or (limit is not None and info.offset_data + info.size > limit):
-        raise _refuse(archive, name, f"it declares {info.size} bytes at offset {info.offset_data}, "
-                                     f"but the archive holds only {limit} bytes")
+        raise _refuse(
+            archive,
+            name,
+            f"it declares {info.size} bytes at offset {info.offset_data}, but the archive holds only {limit} bytes",
+        )
 
 
 def safe_members(tar: tarfile.TarFile, archive: str, limit: int | None) -> Iterator[tarfile.TarInfo]:
@@ -93,8 +110,10 @@ def safe_members(tar: tarfile.TarFile, archive: str, limit: int | None) -> Itera
         try:
             info = tar.next()
         except tarfile.TarError as err:
-            raise PipelineError(f"{archive}: expected a readable tar archive, found a damaged header ({err}); "
-                                "replace the file with the official archive and run `dvc repro` again") from None
+            raise PipelineError(
+                f"{archive}: expected a readable tar archive, found a damaged header ({err}); "
+                "replace the file with the official archive and run `dvc repro` again"
+            ) from None
         if info is None:
             return
         check_member(archive, info, limit)
@@ -115,12 +134,22 @@ def collisions(split: str, source: str, members: Iterable[str]) -> list[dict[str
     groups: dict[str, list[str]] = defaultdict(list)
     for member in members:
         groups[member.casefold()].append(member)
-    return [report(split, source, " | ".join(sorted(names)), f"{len(names)} names collide after case-folding",
-                   action="kept all") for _, names in sorted(groups.items()) if len(names) > 1]
+    return [
+        report(
+            split,
+            source,
+            " | ".join(sorted(names)),
+            f"{len(names)} names collide after case-folding",
+            action="kept all",
+        )
+        for _, names in sorted(groups.items())
+        if len(names) > 1
+    ]
 
 
-def _index_members(tar: tarfile.TarFile, archive: str, limit: int, split: str, source: str,
-                   wnid: str, prefix: str = "", base: int = 0) -> tuple[list[Entry], list[dict[str, str]]]:
+def _index_members(
+    tar: tarfile.TarFile, archive: str, limit: int, split: str, source: str, wnid: str, prefix: str = "", base: int = 0
+) -> tuple[list[Entry], list[dict[str, str]]]:
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
     for info in safe_members(tar, archive, limit):
@@ -137,22 +166,24 @@ def _index_members(tar: tarfile.TarFile, archive: str, limit: int, split: str, s
     return entries, reported
 
 
-def open_tar(path: str | os.PathLike, mode: str = "r:") -> tarfile.TarFile:
+def open_tar(path: str | os.PathLike[str], mode: ReadMode = "r:") -> tarfile.TarFile:
     """tarfile.open with the project's name decoding; an unreadable file fails naming it."""
     try:
         return tarfile.open(path, mode, **TAR_ENCODING)
     except (tarfile.TarError, OSError, EOFError) as err:
-        raise PipelineError(f"{path}: expected a readable tar archive, found {err}; replace it with the "
-                            "official file (or point params.yaml at the right one) and run `dvc repro` again") from None
+        raise PipelineError(
+            f"{path}: expected a readable tar archive, found {err}; replace it with the "
+            "official file (or point params.yaml at the right one) and run `dvc repro` again"
+        ) from None
 
 
-def index_tar(path: str | os.PathLike, split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
+def index_tar(path: str | os.PathLike[str], split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
     """Index a flat tar (the val archive): one Entry per image member, plus report entries."""
     with open_tar(path) as tar:
         return _index_members(tar, str(path), os.path.getsize(path), split, source, wnid="")
 
 
-def index_nested(path: str | os.PathLike, split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
+def index_nested(path: str | os.PathLike[str], split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
     """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything."""
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
@@ -166,21 +197,26 @@ def index_nested(path: str | os.PathLike, split: str, source: str) -> tuple[list
                 reported.append(report(split, source, inner.name, "not a per-class <wnid>.tar"))
                 continue
             class_tars.append(inner.name)
-            found, notes = _index_inner(outer, inner, f"{path} member {printable(inner.name)}", split, source,
-                                        match.group(1))
+            found, notes = _index_inner(
+                outer, inner, f"{path} member {printable(inner.name)}", split, source, match.group(1)
+            )
             entries += found
             reported += notes
     reported += collisions(split, source, class_tars)
     return entries, reported
 
 
-def _index_inner(outer: tarfile.TarFile, inner: tarfile.TarInfo, archive: str, split: str, source: str,
-                 wnid: str) -> tuple[list[Entry], list[dict[str, str]]]:
+def _index_inner(
+    outer: tarfile.TarFile, inner: tarfile.TarInfo, archive: str, split: str, source: str, wnid: str
+) -> tuple[list[Entry], list[dict[str, str]]]:
     fileobj = outer.extractfile(inner)
     try:
         with tarfile.open(fileobj=fileobj, mode="r:", **TAR_ENCODING) as tar:
-            return _index_members(tar, archive, inner.size, split, source, wnid,
-                                  prefix=inner.name + "/", base=inner.offset_data)
+            return _index_members(
+                tar, archive, inner.size, split, source, wnid, prefix=inner.name + "/", base=inner.offset_data
+            )
     except tarfile.ReadError as err:
-        raise PipelineError(f"{archive}: expected an uncompressed tar of class {wnid}, found unreadable data "
-                            f"({err}); replace the train archive with the official file") from None
+        raise PipelineError(
+            f"{archive}: expected an uncompressed tar of class {wnid}, found unreadable data "
+            f"({err}); replace the train archive with the official file"
+        ) from None

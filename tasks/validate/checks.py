@@ -2,22 +2,23 @@
 
 Every check yields a `CheckResult` (pass / warn / fail, a one-line message, up to N example rows), so the report
 lists what was checked, not only what failed."""
+
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pandera.pandas as pa
 
-from imagenet_parquet.format import FIELDS, HASH_ALGORITHM, hf_features
-from imagenet_parquet.format import TRANSFORM_PATTERN
+from imagenet_parquet.format import FIELDS, HASH_ALGORITHM, TRANSFORM_PATTERN, hf_features
 
 DESCRIPTIONS = {
     "shard_schema": "every shard has the contract's columns, in order, with the contract's Arrow types",
     "schema_metadata": "every shard carries `huggingface` and `imagenet_parquet` schema metadata naming its "
-                       "split and the label map of label_map.json (train and val share one label map)",
+    "split and the label map of label_map.json (train and val share one label map)",
     "column_types": "metadata columns have the contract's types (pandera)",
     "not_null": "no nulls in the metadata columns (pandera)",
     "label_in_range": "label is in 0..K-1 (pandera)",
@@ -35,13 +36,16 @@ DESCRIPTIONS = {
     "jpeg_soi": "stored bytes start with the JPEG SOI marker FF D8",
     "sha256_match": "SHA-256 of the stored bytes equals the `sha256` column",
     "image_index": "the footer's byte index (`imagenet_parquet.image_offsets`) points at each row's exact "
-                   "image.bytes (what the reader preads)",
+    "image.bytes (what the reader preads)",
     "decode": "Pillow decodes the sampled rows to width x height",
     "leakage": "no identical image bytes (sha256) in both train and val",
 }
 EXAMPLE_COLUMNS = ["split", "shard", "row", "image_path", "label", "wnid", "label_name"]
-_PANDERA_BUILTINS = {"not_nullable": "not_null", "field_uniqueness": "unique_image_paths",
-                     "column_in_dataframe": "column_types"}
+_PANDERA_BUILTINS = {
+    "not_nullable": "not_null",
+    "field_uniqueness": "unique_image_paths",
+    "column_in_dataframe": "column_types",
+}
 _FOCUS = {"unique_image_paths": "image_path"}  # the column a dataframe-wide check is about
 _LABEL_MAP_COLUMNS = {"wnid_matches_label": ("wnid", "wnid"), "name_matches_label": ("label_name", "name")}
 
@@ -62,8 +66,9 @@ def passed(name: str, message: str = "ok") -> CheckResult:
     return CheckResult(name, "pass", message)
 
 
-def example_rows(meta: pd.DataFrame, index: list[int], limit: int, detail: dict[int, str] | None = None,
-                 column: str = "found") -> list[dict[str, Any]]:
+def example_rows(
+    meta: pd.DataFrame, index: list[int], limit: int, detail: dict[int, str] | None = None, column: str = "found"
+) -> list[dict[str, Any]]:
     """Up to `limit` rows of the metadata frame (JSON-ready), each with what was found for it."""
     rows = []
     for i in sorted(index)[:limit]:
@@ -85,13 +90,18 @@ def row_failures(name: str, meta: pd.DataFrame, found: dict[int, str], limit: in
     if not found:
         return passed(name, f"all {what} ok")
     first = min(found)
-    return CheckResult(name, "fail", f"{len(found)} row(s): {DESCRIPTIONS[name]} — e.g. "
-                       f"{meta.at[first, 'split']} {meta.at[first, 'image_path']!r}: {found[first]}",
-                       len(found), example_rows(meta, list(found), limit, found))
+    return CheckResult(
+        name,
+        "fail",
+        f"{len(found)} row(s): {DESCRIPTIONS[name]} — e.g. "
+        f"{meta.at[first, 'split']} {meta.at[first, 'image_path']!r}: {found[first]}",
+        len(found),
+        example_rows(meta, list(found), limit, found),
+    )
 
 
 # ---------------------------------------------------------------- Arrow schema and metadata (per shard)
-def shard_schema_check(files: list, label_map: dict[str, Any], limit: int) -> list[CheckResult]:
+def shard_schema_check(files: list[tuple[str, Path, Any]], label_map: dict[str, Any], limit: int) -> list[CheckResult]:
     """Arrow types/order and the schema metadata of every shard (split, path, Arrow schema), against the contract
     and label_map.json."""
     expected = [(name, str(dtype)) for name, dtype in FIELDS]
@@ -104,8 +114,12 @@ def shard_schema_check(files: list, label_map: dict[str, Any], limit: int) -> li
         if problem:
             bad_meta.append({"split": split, "shard": path.name, "found": problem})
     return [
-        _shard_result("shard_schema", bad_types, limit, "expected the columns and Arrow types of docs/CONTRACTS.md; "
-                      "re-run the convert stage"),
+        _shard_result(
+            "shard_schema",
+            bad_types,
+            limit,
+            "expected the columns and Arrow types of docs/CONTRACTS.md; re-run the convert stage",
+        ),
         _shard_result("schema_metadata", bad_meta, limit, "re-run the convert stage with this label map"),
     ]
 
@@ -143,8 +157,13 @@ def _shard_result(name: str, bad: list[dict[str, Any]], limit: int, hint: str) -
     if not bad:
         return passed(name, "all shards ok")
     first = bad[0]
-    return CheckResult(name, "fail", f"{len(bad)} shard(s): {first['split']}/{first['shard']}: {first['found']}; "
-                       f"{hint}", len(bad), bad[:limit])
+    return CheckResult(
+        name,
+        "fail",
+        f"{len(bad)} shard(s): {first['split']}/{first['shard']}: {first['found']}; {hint}",
+        len(bad),
+        bad[:limit],
+    )
 
 
 # ---------------------------------------------------------------- pandera over the metadata columns
@@ -197,30 +216,35 @@ def _check_name(check: str) -> str:
     return _PANDERA_BUILTINS.get(check, check)
 
 
-def _label_map_details(name: str, index: list[int], meta: pd.DataFrame,
-                       label_map: dict[str, Any]) -> dict[int, str]:
+def _label_map_details(name: str, index: list[int], meta: pd.DataFrame, label_map: dict[str, Any]) -> dict[int, str]:
     column, key = _LABEL_MAP_COLUMNS[name]
     by_label = {c["label"]: c[key] for c in label_map["classes"]}
-    return {i: f"{column} {meta.at[i, column]!r}, but label_map.json has {key} "
-               f"{by_label.get(_plain(meta.at[i, 'label']))!r} for label {_plain(meta.at[i, 'label'])}"
-            for i in index}
+    return {
+        i: f"{column} {meta.at[i, column]!r}, but label_map.json has {key} "
+        f"{by_label.get(_plain(meta.at[i, 'label']))!r} for label {_plain(meta.at[i, 'label'])}"
+        for i in index
+    }
 
 
-def _pandera_result(name: str, group: pd.DataFrame, meta: pd.DataFrame, limit: int,
-                    label_map: dict[str, Any]) -> CheckResult:
+def _pandera_result(
+    name: str, group: pd.DataFrame, meta: pd.DataFrame, limit: int, label_map: dict[str, Any]
+) -> CheckResult:
     rows = group.dropna(subset=["index"])
     if rows.empty:  # a whole column missing or mistyped: no row to point at
-        found = sorted({f"{c}: {v}" for c, v in zip(group["column"], group["failure_case"])})
-        return CheckResult(name, "fail", f"{DESCRIPTIONS[name]} — found {found}", len(group),
-                           [{"found": f} for f in found[:limit]])
+        found = sorted({f"{c}: {v}" for c, v in zip(group["column"], group["failure_case"], strict=True)})
+        return CheckResult(
+            name, "fail", f"{DESCRIPTIONS[name]} — found {found}", len(group), [{"found": f} for f in found[:limit]]
+        )
     if name in _LABEL_MAP_COLUMNS:
         detail = _label_map_details(name, sorted(set(rows["index"].astype(int))), meta, label_map)
     else:
         focus = rows[rows["column"] == _FOCUS.get(name)]
         rows, detail = (focus if len(focus) else rows), {}
-        for index, column, value in zip(rows["index"].astype(int), rows["column"], rows["failure_case"]):
+        for index, column, value in zip(rows["index"].astype(int), rows["column"], rows["failure_case"], strict=True):
             detail.setdefault(index, f"{column} = {_plain(value)!r}")
     first = min(detail)
-    message = (f"{len(detail)} row(s): {DESCRIPTIONS[name]} — e.g. {meta.at[first, 'split']} "
-               f"{meta.at[first, 'image_path']!r}: {detail[first]}")
+    message = (
+        f"{len(detail)} row(s): {DESCRIPTIONS[name]} — e.g. {meta.at[first, 'split']} "
+        f"{meta.at[first, 'image_path']!r}: {detail[first]}"
+    )
     return CheckResult(name, "fail", message, len(detail), example_rows(meta, list(detail), limit, detail))

@@ -3,6 +3,7 @@
 "Look at a batch before training": a val set whose labels are shifted shows as rows whose val pictures do not
 match their train pictures. Rows are read from the row groups that hold them (never a whole split), and the
 PNG bytes are deterministic (fixed layout, Pillow's built-in font, no metadata)."""
+
 from __future__ import annotations
 
 import io
@@ -13,9 +14,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from tasks.common import atomic_path
 from imagenet_parquet.format import read_label_map
-from tasks.common import SPLITS
+from tasks.common import SPLITS, atomic_path
 from tasks.validate.scan import iter_row_groups, list_shards
 
 THUMB = 72  # thumbnail box, px
@@ -36,7 +36,8 @@ def shown_labels(num_classes: int, max_classes: int) -> list[int]:
 
 def select_rows(shards: dict[str, list[Path]], labels: list[int], per_class: int) -> Picks:
     """The first `per_class` rows of each shown label per split, in shard order (reads the label column only)."""
-    wanted, picks = set(labels), defaultdict(list)
+    wanted = set(labels)
+    picks: defaultdict[tuple[str, int], list[tuple[Path, int]]] = defaultdict(list)
     for split in SPLITS:
         for path in shards[split]:
             column = pq.read_table(path, columns=["label"]).column("label").to_pylist()
@@ -73,8 +74,13 @@ def read_thumbnails(picks: Picks) -> dict[tuple[Path, int], Image.Image | None]:
     return thumbs
 
 
-def draw_sheet(label_map: dict[str, Any], labels: list[int], picks: Picks,
-               thumbs: dict[tuple[Path, int], Image.Image | None], per_class: int) -> Image.Image:
+def draw_sheet(
+    label_map: dict[str, Any],
+    labels: list[int],
+    picks: Picks,
+    thumbs: dict[tuple[Path, int], Image.Image | None],
+    per_class: int,
+) -> Image.Image:
     """One row per shown class: caption, `per_class` train thumbnails, then `per_class` val thumbnails."""
     width = 2 * MARGIN + CAPTION_WIDTH + 2 * per_class * CELL + GAP
     sheet = Image.new("RGB", (width, HEADER + MARGIN + len(labels) * CELL), "white")
@@ -97,8 +103,13 @@ def draw_sheet(label_map: dict[str, Any], labels: list[int], picks: Picks,
     return sheet
 
 
-def _paste(sheet: Image.Image, draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int],
-           image: Image.Image | None, missing: bool) -> None:
+def _paste(
+    sheet: Image.Image,
+    draw: ImageDraw.ImageDraw,
+    box: tuple[int, int, int, int],
+    image: Image.Image | None,
+    missing: bool,
+) -> None:
     draw.rectangle(box, fill="#eeeeee")
     if image is not None:
         sheet.paste(image, (box[0] + (THUMB - image.width) // 2, box[1] + (THUMB - image.height) // 2))
@@ -107,8 +118,9 @@ def _paste(sheet: Image.Image, draw: ImageDraw.ImageDraw, box: tuple[int, int, i
         draw.line((box[0], box[3], box[2], box[1]), fill="red", width=2)
 
 
-def write_contact_sheet(parquet_dir: str | Path, label_map_path: str | Path, out_png: str | Path,
-                        per_class: int, max_classes: int) -> Path:
+def write_contact_sheet(
+    parquet_dir: str | Path, label_map_path: str | Path, out_png: str | Path, per_class: int, max_classes: int
+) -> Path:
     """Write the contact sheet PNG atomically; returns its path."""
     label_map = read_label_map(label_map_path)
     labels = shown_labels(label_map["num_classes"], max_classes)

@@ -1,4 +1,5 @@
 """Dataset-level checks: class set and per-class counts, manifest totals and labels, train/val leakage."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -6,8 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tasks.validate.checks import CheckResult, example_rows, passed
 from tasks.common import SPLITS
+from tasks.validate.checks import CheckResult, example_rows, passed
 
 
 def class_table(meta: pd.DataFrame, label_map: dict[str, Any]) -> pd.DataFrame:
@@ -27,10 +28,14 @@ def count_summary(table: pd.DataFrame, bounds: dict[str, list[int]]) -> dict[str
         low, high = bounds[split]
         outside = table[(table[split] < low) | (table[split] > high)]
         summary[split] = {
-            "min": int(table[split].min()), "median": float(table[split].median()),
-            "max": int(table[split].max()), "bounds": [low, high],
-            "out_of_bounds": [{"label": int(r["label"]), "wnid": r["wnid"], "name": r["name"],
-                               "count": int(r[split])} for r in outside.to_dict("records")],
+            "min": int(table[split].min()),
+            "median": float(table[split].median()),
+            "max": int(table[split].max()),
+            "bounds": [low, high],
+            "out_of_bounds": [
+                {"label": int(r["label"]), "wnid": r["wnid"], "name": r["name"], "count": int(r[split])}
+                for r in outside.to_dict("records")
+            ],
         }
     return summary
 
@@ -47,68 +52,89 @@ def class_set_check(table: pd.DataFrame, limit: int) -> CheckResult:
     first = {k: (v.item() if hasattr(v, "item") else v) for k, v in absent.iloc[0].to_dict().items()}
     where = " and ".join(s for s in SPLITS if first[s] == 0)
     others = ", ".join(f"{s} has {first[s]}" for s in SPLITS if first[s] != 0)
-    message = (f"{len(absent)} class(es) missing from a split — e.g. {_class_text(first)} has no {where} images"
-               f"{' (' + others + ')' if others else ''}; expected every class of label_map.json in train and "
-               "val: check the extract stage's val labels (params extract.val_labels)")
-    return CheckResult("class_set", "fail", message, len(absent),
-                       absent.head(limit).to_dict("records"))
+    message = (
+        f"{len(absent)} class(es) missing from a split — e.g. {_class_text(first)} has no {where} images"
+        f"{' (' + others + ')' if others else ''}; expected every class of label_map.json in train and "
+        "val: check the extract stage's val labels (params extract.val_labels)"
+    )
+    return CheckResult("class_set", "fail", message, len(absent), absent.head(limit).to_dict("records"))
 
 
 def class_count_check(table: pd.DataFrame, summary: dict[str, dict[str, Any]], limit: int) -> CheckResult:
     """Images per class within [min, max] of params validate.<split>_count."""
     outside = [{"split": split, **row} for split in SPLITS for row in summary[split]["out_of_bounds"]]
     if not outside:
-        return passed("class_counts", "; ".join(
-            f"{s}: {summary[s]['min']}..{summary[s]['max']} per class within {summary[s]['bounds']}" for s in SPLITS))
+        return passed(
+            "class_counts",
+            "; ".join(
+                f"{s}: {summary[s]['min']}..{summary[s]['max']} per class within {summary[s]['bounds']}" for s in SPLITS
+            ),
+        )
     first = outside[0]
     low, high = summary[first["split"]]["bounds"]
-    message = (f"{len(outside)} class count(s) out of bounds — e.g. {first['split']} label {first['label']} "
-               f"{first['wnid']} {first['name']!r} has {first['count']} images, expected {low}..{high} "
-               f"(params.yaml validate.{first['split']}_count): fix the data or the bounds")
+    message = (
+        f"{len(outside)} class count(s) out of bounds — e.g. {first['split']} label {first['label']} "
+        f"{first['wnid']} {first['name']!r} has {first['count']} images, expected {low}..{high} "
+        f"(params.yaml validate.{first['split']}_count): fix the data or the bounds"
+    )
     return CheckResult("class_counts", "fail", message, len(outside), outside[:limit])
 
 
-def manifest_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame], bad: pd.DataFrame,
-                   limit: int) -> tuple[CheckResult, dict[str, dict[str, int]]]:
+def manifest_check(
+    meta: pd.DataFrame, manifests: dict[str, pd.DataFrame], bad: pd.DataFrame, limit: int
+) -> tuple[CheckResult, dict[str, dict[str, int]]]:
     """Rows per split = manifest rows - quarantined, with exactly the manifest's (non-quarantined) images."""
     totals, problems, examples = {}, [], []
     for split in SPLITS:
         quarantined = set(bad.loc[bad["split"] == split, "name"])
         expected = set(manifests[split]["name"]) - quarantined
         found = meta.loc[meta["split"] == split, "image_path"]
-        totals[split] = {"rows": len(found), "manifest_rows": len(manifests[split]),
-                         "quarantined": len(quarantined)}
+        totals[split] = {"rows": len(found), "manifest_rows": len(manifests[split]), "quarantined": len(quarantined)}
         missing, extra = sorted(expected - set(found)), sorted(set(found) - expected)
         if len(found) != len(expected) or missing or extra:
-            problems.append(f"{split}: {len(found)} rows, expected {len(expected)} = {len(manifests[split])} "
-                            f"manifest rows - {len(quarantined)} quarantined; missing {missing[:3]}, "
-                            f"unexpected {extra[:3]}")
-        examples += [{"split": split, "image_path": n, "found": "in the manifest, not in the Parquet shards"}
-                     for n in missing[:limit]]
-        examples += [{"split": split, "image_path": n, "found": "in the Parquet shards, not in the manifest "
-                      "(or quarantined)"} for n in extra[:limit]]
+            problems.append(
+                f"{split}: {len(found)} rows, expected {len(expected)} = {len(manifests[split])} "
+                f"manifest rows - {len(quarantined)} quarantined; missing {missing[:3]}, "
+                f"unexpected {extra[:3]}"
+            )
+        examples += [
+            {"split": split, "image_path": n, "found": "in the manifest, not in the Parquet shards"}
+            for n in missing[:limit]
+        ]
+        examples += [
+            {"split": split, "image_path": n, "found": "in the Parquet shards, not in the manifest (or quarantined)"}
+            for n in extra[:limit]
+        ]
     if not problems:
-        return passed("manifest_totals", "; ".join(
-            f"{s}: {t['rows']} = {t['manifest_rows']} - {t['quarantined']}" for s, t in totals.items())), totals
-    return CheckResult("manifest_totals", "fail", " | ".join(problems) + "; re-run the convert stage",
-                       len(examples), examples[:limit]), totals
+        return passed(
+            "manifest_totals",
+            "; ".join(f"{s}: {t['rows']} = {t['manifest_rows']} - {t['quarantined']}" for s, t in totals.items()),
+        ), totals
+    return CheckResult(
+        "manifest_totals", "fail", " | ".join(problems) + "; re-run the convert stage", len(examples), examples[:limit]
+    ), totals
 
 
 def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame], limit: int) -> CheckResult:
     """Each Parquet row's label equals the manifest's label for the same image."""
     manifest = pd.concat([m[["split", "name", "label"]] for m in manifests.values()], ignore_index=True)
     rows = meta[["split", "image_path", "label"]].reset_index()
-    merged = rows.merge(manifest, left_on=["split", "image_path"], right_on=["split", "name"],
-                        suffixes=("", "_manifest"))
+    merged = rows.merge(
+        manifest, left_on=["split", "image_path"], right_on=["split", "name"], suffixes=("", "_manifest")
+    )
     wrong = merged[merged["label"] != merged["label_manifest"]]
     if wrong.empty:
         return passed("labels_match_manifest", f"{len(merged)} rows agree with the manifests")
     detail = {int(r.index): f"label {r.label}, the manifest says {r.label_manifest}" for r in wrong.itertuples()}
     first = min(detail)
-    return CheckResult("labels_match_manifest", "fail",
-                       f"{len(detail)} row(s) relabelled — e.g. {meta.at[first, 'split']} "
-                       f"{meta.at[first, 'image_path']!r}: {detail[first]}; re-run the convert stage",
-                       len(detail), example_rows(meta, list(detail), limit, detail))
+    return CheckResult(
+        "labels_match_manifest",
+        "fail",
+        f"{len(detail)} row(s) relabelled — e.g. {meta.at[first, 'split']} "
+        f"{meta.at[first, 'image_path']!r}: {detail[first]}; re-run the convert stage",
+        len(detail),
+        example_rows(meta, list(detail), limit, detail),
+    )
 
 
 def leakage_check(meta: pd.DataFrame, max_pairs: int, limit: int) -> CheckResult:
@@ -117,15 +143,18 @@ def leakage_check(meta: pd.DataFrame, max_pairs: int, limit: int) -> CheckResult
     train = meta.loc[meta["split"] == "train", cols]
     val = meta.loc[meta["split"] == "val", cols]
     pairs = train.merge(val, on="sha256", suffixes=("_train", "_val")).sort_values(
-        ["image_path_train", "image_path_val"])
+        ["image_path_train", "image_path_val"]
+    )
     if pairs.empty:
         return passed("leakage", "no image is in both train and val")
     status = "warn" if len(pairs) <= max_pairs else "fail"
     first = pairs.iloc[0]
-    message = (f"{len(pairs)} train/val pair(s) with identical bytes (tolerated: {max_pairs}, params.yaml "
-               f"validate.leakage_max_pairs) — e.g. train {first['image_path_train']!r} = val "
-               f"{first['image_path_val']!r}")
-    examples = [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
-                for r in pairs.head(limit).to_dict("records")]
+    message = (
+        f"{len(pairs)} train/val pair(s) with identical bytes (tolerated: {max_pairs}, params.yaml "
+        f"validate.leakage_max_pairs) — e.g. train {first['image_path_train']!r} = val "
+        f"{first['image_path_val']!r}"
+    )
+    examples = [
+        {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()} for r in pairs.head(limit).to_dict("records")
+    ]
     return CheckResult("leakage", status, message, len(pairs), examples)
-

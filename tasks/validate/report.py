@@ -1,4 +1,5 @@
 """The validation report: one JSON-ready dict, rendered as Markdown, plus the class-count CSV and DVC metrics."""
+
 from __future__ import annotations
 
 import csv
@@ -8,12 +9,11 @@ from typing import Any
 
 import pandas as pd
 
-from tasks.validate.checks import CheckResult
-from tasks.common import atomic_path, write_json
 from imagenet_parquet.format import FIELDS
-from tasks.common import SPLITS
+from tasks.common import SPLITS, atomic_path, write_json
 from tasks.common.layout import REPORT_MD
 from tasks.common.params import ValidateParams
+from tasks.validate.checks import CheckResult
 
 REPORT_JSON = "schema_report.json"
 CLASS_COUNTS_CSV = "class_counts.csv"
@@ -30,33 +30,48 @@ def plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def build_report(results: list[CheckResult], splits: dict[str, dict[str, int]], classes: pd.DataFrame,
-                 counts: dict[str, Any], bad: pd.DataFrame, label_map: dict[str, Any],
-                 params: ValidateParams) -> dict[str, Any]:
+def build_report(
+    results: list[CheckResult],
+    splits: dict[str, dict[str, int]],
+    classes: pd.DataFrame,
+    counts: dict[str, Any],
+    bad: pd.DataFrame,
+    label_map: dict[str, Any],
+    params: ValidateParams,
+) -> dict[str, Any]:
     """Everything the reviewer reads, deterministic (no timestamps)."""
     statuses = {r.status for r in results}
     status = "fail" if "fail" in statuses else "warn" if "warn" in statuses else "pass"
-    return plain({
-        "status": status,
-        "params": params.model_dump(),
-        "schema": {"columns": [{"name": n, "type": str(t)} for n, t in FIELDS],
-                   "metadata": ["huggingface", "imagenet_parquet"]},
-        "label_map": {"num_classes": label_map["num_classes"], "label_source": label_map.get("label_source")},
-        "splits": splits,
-        "class_counts": counts,
-        "classes": classes.to_dict("records"),
-        "bad_images": {"count": len(bad), "by_reason": bad["reason"].value_counts().sort_index().to_dict(),
-                       "examples": bad.head(params.report_examples).to_dict("records")},
-        "checks": [r.as_dict() for r in results],
-        "contact_sheet": CONTACT_SHEET,
-    })
+    report: dict[str, Any] = plain(
+        {
+            "status": status,
+            "params": params.model_dump(),
+            "schema": {
+                "columns": [{"name": n, "type": str(t)} for n, t in FIELDS],
+                "metadata": ["huggingface", "imagenet_parquet"],
+            },
+            "label_map": {"num_classes": label_map["num_classes"], "label_source": label_map.get("label_source")},
+            "splits": splits,
+            "class_counts": counts,
+            "classes": classes.to_dict("records"),
+            "bad_images": {
+                "count": len(bad),
+                "by_reason": bad["reason"].value_counts().sort_index().to_dict(),
+                "examples": bad.head(params.report_examples).to_dict("records"),
+            },
+            "checks": [r.as_dict() for r in results],
+            "contact_sheet": CONTACT_SHEET,
+        }
+    )
+    return report
 
 
 def failure_summary(report: dict[str, Any], reports_dir: Path) -> str:
     """The short text a failed stage ends with: one line per failed check."""
     failed = [c for c in report["checks"] if c["status"] == "fail"]
-    lines = [f"validation failed: {len(failed)} check(s) failed (full report with example rows: "
-             f"{reports_dir / REPORT_MD})"]
+    lines = [
+        f"validation failed: {len(failed)} check(s) failed (full report with example rows: {reports_dir / REPORT_MD})"
+    ]
     lines += [f"  - {c['name']}: {c['message']}" for c in failed]
     return "\n".join(lines)
 
@@ -66,13 +81,19 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for split in SPLITS:
         counts = report["class_counts"][split]
-        out[split] = {**report["splits"][split], "class_min": counts["min"], "class_median": counts["median"],
-                      "class_max": counts["max"], "classes_out_of_bounds": len(counts["out_of_bounds"])}
+        out[split] = {
+            **report["splits"][split],
+            "class_min": counts["min"],
+            "class_median": counts["median"],
+            "class_max": counts["max"],
+            "classes_out_of_bounds": len(counts["out_of_bounds"]),
+        }
     checks = {c["name"]: c for c in report["checks"]}
     out["bad_images"] = report["bad_images"]["count"]
     out["leakage_pairs"] = checks["leakage"]["failures"]
-    out["checks"] = {status: sum(c["status"] == status for c in report["checks"]) for status in ("pass", "warn",
-                                                                                                "fail")}
+    out["checks"] = {
+        status: sum(c["status"] == status for c in report["checks"]) for status in ("pass", "warn", "fail")
+    }
     return out
 
 
@@ -118,36 +139,67 @@ def render_markdown(report: dict[str, Any]) -> str:
 def _summary_section(report: dict[str, Any]) -> list[str]:
     checks = report["checks"]
     n = {s: sum(c["status"] == s for c in checks) for s in ("pass", "warn", "fail")}
-    lines = [f"{len(checks)} checks: {n['pass']} passed, {n['warn']} warning(s), {n['fail']} failed. "
-             f"Label map: {report['label_map']['num_classes']} classes ({report['label_map']['label_source']}).", ""]
+    lines = [
+        (
+            f"{len(checks)} checks: {n['pass']} passed, {n['warn']} warning(s), {n['fail']} failed. "
+            f"Label map: {report['label_map']['num_classes']} classes ({report['label_map']['label_source']})."
+        ),
+        "",
+    ]
     lines += [f"- **{c['name']}** ({c['status']}): {c['message']}" for c in checks if c["status"] != "pass"]
-    lines += ["", f"Contact sheet (a few images per class, train | val — a shifted val labelling shows at a "
-              f"glance): [{report['contact_sheet']}]({report['contact_sheet']})", ""]
+    lines += [
+        "",
+        (
+            "Contact sheet (a few images per class, train | val — a shifted val labelling shows at a "
+            f"glance): [{report['contact_sheet']}]({report['contact_sheet']})"
+        ),
+        "",
+    ]
     return lines
 
 
 def _counts_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Counts per split", ""]
-    lines += _table(["split", "shards", "rows", "manifest rows", "quarantined", "classes", "image MB", "decoded"],
-                    [[s, v["shards"], v["rows"], v["manifest_rows"], v["quarantined"], v["classes"],
-                      f"{v['image_bytes'] / 1e6:.1f}", v["decoded"]] for s, v in report["splits"].items()])
+    lines += _table(
+        ["split", "shards", "rows", "manifest rows", "quarantined", "classes", "image MB", "decoded"],
+        [
+            [
+                s,
+                v["shards"],
+                v["rows"],
+                v["manifest_rows"],
+                v["quarantined"],
+                v["classes"],
+                f"{v['image_bytes'] / 1e6:.1f}",
+                v["decoded"],
+            ]
+            for s, v in report["splits"].items()
+        ],
+    )
     lines += ["## Images per class", ""]
     counts = report["class_counts"]
-    lines += _table(["split", "min", "median", "max", "bounds (params)", "classes out of bounds"],
-                    [[s, c["min"], c["median"], c["max"], f"{c['bounds'][0]}..{c['bounds'][1]}",
-                      len(c["out_of_bounds"])] for s, c in counts.items()])
-    outside = [[s, r["label"], r["wnid"], r["name"], r["count"]] for s, c in counts.items()
-               for r in c["out_of_bounds"]][:report["params"]["report_examples"]]
+    lines += _table(
+        ["split", "min", "median", "max", "bounds (params)", "classes out of bounds"],
+        [
+            [s, c["min"], c["median"], c["max"], f"{c['bounds'][0]}..{c['bounds'][1]}", len(c["out_of_bounds"])]
+            for s, c in counts.items()
+        ],
+    )
+    outside = [
+        [s, r["label"], r["wnid"], r["name"], r["count"]] for s, c in counts.items() for r in c["out_of_bounds"]
+    ][: report["params"]["report_examples"]]
     if outside:
-        lines += ["Classes out of bounds (first ones):", ""] + _table(["split", "label", "wnid", "name", "count"],
-                                                                       outside)
+        lines += ["Classes out of bounds (first ones):", ""] + _table(
+            ["split", "label", "wnid", "name", "count"], outside
+        )
     return lines
 
 
 def _checks_section(report: dict[str, Any]) -> list[str]:
-    return ["## Checks", ""] + _table(["check", "status", "what it checks", "failures"],
-                                      [[f"`{c['name']}`", c["status"].upper(), c["description"], c["failures"]]
-                                       for c in report["checks"]])
+    return ["## Checks", ""] + _table(
+        ["check", "status", "what it checks", "failures"],
+        [[f"`{c['name']}`", c["status"].upper(), c["description"], c["failures"]] for c in report["checks"]],
+    )
 
 
 def _examples_section(report: dict[str, Any]) -> list[str]:
@@ -167,14 +219,15 @@ def _bad_images_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Bad images from conversion (quarantined)", "", f"{bad['count']} image(s) in bad_images.jsonl.", ""]
     if bad["count"]:
         reasons = sorted(bad["by_reason"].items(), key=lambda item: (-item[1], item[0]))
-        lines += _table(["reason", "images"], [[r, n] for r, n in reasons[:report["params"]["report_examples"]]])
+        lines += _table(["reason", "images"], [[r, n] for r, n in reasons[: report["params"]["report_examples"]]])
         header = list(dict.fromkeys(k for row in bad["examples"] for k in row))
         lines += _table(header, [[row.get(k) for k in header] for row in bad["examples"]])
     return lines
 
 
 def _schema_section(report: dict[str, Any]) -> list[str]:
-    lines = ["## Schema", ""] + _table(["column", "Arrow type"], [[f"`{c['name']}`", f"`{c['type']}`"]
-                                                                  for c in report["schema"]["columns"]])
+    lines = ["## Schema", ""] + _table(
+        ["column", "Arrow type"], [[f"`{c['name']}`", f"`{c['type']}`"] for c in report["schema"]["columns"]]
+    )
     lines += [f"Schema metadata: {', '.join(f'`{k}`' for k in report['schema']['metadata'])}.", ""]
     return lines + ["Params (`validate:`): " + ", ".join(f"`{k}={v}`" for k, v in report["params"].items()), ""]

@@ -3,6 +3,7 @@
 Metadata columns (everything but `image.bytes`) are read selectively into one DataFrame; the image bytes are
 streamed row group by row group (`ParquetFile.read_row_group`), so memory is bounded by the largest row group,
 never by the number of rows."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,10 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from imagenet_parquet.format import decode_image_index, IMAGE_INDEX_KEY, read_indexed
-from tasks.common import PipelineError
-from tasks.common import SPLITS
-from imagenet_parquet.format import SMALL_COLUMNS
+from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index, read_indexed
+from tasks.common import SPLITS, PipelineError
 
 JPEG_SOI = b"\xff\xd8"
 
@@ -29,6 +28,7 @@ JPEG_SOI = b"\xff\xd8"
 @dataclass(frozen=True)
 class Shard:
     """One shard file and where its rows sit in the combined metadata frame."""
+
     split: str
     path: Path
     first: int  # index of its first row in the combined frame
@@ -43,7 +43,8 @@ def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
         if not files:
             raise PipelineError(
                 f"{Path(parquet_dir) / split}: expected Parquet shards `{split}-00000-of-000NN.parquet`, found "
-                "none; run the convert stage first (`dvc repro convert`)")
+                "none; run the convert stage first (`dvc repro convert`)"
+            )
     return found
 
 
@@ -53,8 +54,10 @@ def _read_shard_metadata(path: Path) -> tuple[pd.DataFrame, pq.FileMetaData]:
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as err:
-        raise PipelineError(f"{path}: expected a Parquet shard, found an unreadable file ({err}); re-run the "
-                            "convert stage (`dvc repro convert`)") from None
+        raise PipelineError(
+            f"{path}: expected a Parquet shard, found an unreadable file ({err}); re-run the "
+            "convert stage (`dvc repro convert`)"
+        ) from None
     present = set(pf.schema_arrow.names) | {f"image.{f.name}" for f in _image_fields(pf.schema_arrow)}
     table = pf.read(columns=[c for c in SMALL_COLUMNS if c in present], use_threads=False)
     frame = table.drop_columns([c for c in ["image"] if c in table.column_names]).to_pandas()
@@ -84,8 +87,9 @@ def read_metadata(shards: dict[str, list[Path]]) -> tuple[pd.DataFrame, list[Sha
     return pd.concat(frames, ignore_index=True), plan
 
 
-def iter_row_groups(path: Path, rows: set[int] | None = None, footer: pq.FileMetaData | None = None
-                    ) -> Iterator[tuple[int, pa.BinaryArray]]:
+def iter_row_groups(
+    path: Path, rows: set[int] | None = None, footer: pq.FileMetaData | None = None
+) -> Iterator[tuple[int, pa.BinaryArray]]:
     """(first row of the group in the file, its `image.bytes`) per row group; only groups holding `rows`.
     `footer`: the file's footer when already read (not read again)."""
     pf = pq.ParquetFile(path, metadata=footer)
@@ -102,6 +106,7 @@ def iter_row_groups(path: Path, rows: set[int] | None = None, footer: pq.FileMet
 @dataclass
 class ByteFindings:
     """Rows failing a byte-level check: combined-frame index → what was found."""
+
     not_jpeg: dict[int, str] = field(default_factory=dict)
     hash_mismatch: dict[int, str] = field(default_factory=dict)
     undecodable: dict[int, str] = field(default_factory=dict)
@@ -130,7 +135,8 @@ def scan_bytes(plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray) -> Byt
                     if index is not None:
                         _check_indexed(row, data, fd, index[start + offset], shard.path, findings)
                     findings.image_bytes[shard.split] = findings.image_bytes.get(shard.split, 0) + (
-                        data.size if data is not None else 0)
+                        data.size if data is not None else 0
+                    )
                     findings.decoded[shard.split] = findings.decoded.get(shard.split, 0) + int(decode[row])
         finally:
             os.close(fd)
@@ -149,22 +155,27 @@ def _byte_index(shard: Shard, findings: ByteFindings) -> np.ndarray | None:
     return index
 
 
-def _check_indexed(row: int, data: pa.Buffer | None, fd: int, entry: np.ndarray, path: Path,
-                   findings: ByteFindings) -> None:
+def _check_indexed(
+    row: int, data: pa.Buffer | None, fd: int, entry: np.ndarray, path: Path, findings: ByteFindings
+) -> None:
     try:
         found = read_indexed(fd, entry, path)
     except ValueError:
-        findings.index_mismatch[row] = (f"{IMAGE_INDEX_KEY} points at offset {int(entry[0])}, where no "
-                                        f"{int(entry[1])}-byte image value is stored")
+        findings.index_mismatch[row] = (
+            f"{IMAGE_INDEX_KEY} points at offset {int(entry[0])}, where no {int(entry[1])}-byte image value is stored"
+        )
         return
     if data is None or not data.equals(pa.py_buffer(found)):
-        findings.index_mismatch[row] = (f"{IMAGE_INDEX_KEY} offset {int(entry[0])} holds "
-                                        f"{int(entry[1])} bytes (sha256 {hashlib.sha256(found).hexdigest()[:16]}…) "
-                                        "that differ from the row's image.bytes")
+        findings.index_mismatch[row] = (
+            f"{IMAGE_INDEX_KEY} offset {int(entry[0])} holds "
+            f"{int(entry[1])} bytes (sha256 {hashlib.sha256(found).hexdigest()[:16]}…) "
+            "that differ from the row's image.bytes"
+        )
 
 
-def _check_blob(index: int, data: pa.Buffer | None, expected: object, size: np.ndarray, decode: bool,
-                findings: ByteFindings) -> None:
+def _check_blob(
+    index: int, data: pa.Buffer | None, expected: object, size: np.ndarray, decode: bool, findings: ByteFindings
+) -> None:
     view = memoryview(data) if data is not None else memoryview(b"")
     if bytes(view[:2]) != JPEG_SOI:
         findings.not_jpeg[index] = f"starts with {bytes(view[:4]).hex(' ') or 'nothing (no bytes)'}"

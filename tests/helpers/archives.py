@@ -1,6 +1,8 @@
-"""Tiny ILSVRC2012-shaped archives built by the extract tests (honest ones and a hostile zoo)."""
+"""Tiny ILSVRC2012-shaped archives (honest ones and a hostile zoo), reading tars and devkits back, and the
+extract stage run the way its flow runs it, without Prefect."""
 from __future__ import annotations
 
+import gzip
 import io
 import tarfile
 from pathlib import Path
@@ -9,16 +11,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import scipy.io
 
-from tasks.extract import materialize as imagefolder, stage as extract
 from tasks.common import ARCHIVES
 from tasks.common.synsets import shipped_synsets
+from tasks.extract import materialize as imagefolder
+from tasks.extract import stage as extract
+from tests.helpers.images import fake_jpeg
 
 Member = tuple[str, bytes] | tarfile.TarInfo  # (name, data) or a ready TarInfo (links, devices, ...)
-
-
-def image_bytes(seed: int) -> bytes:
-    """Distinct fake image bytes (the extract stage never decodes them)."""
-    return b"\xff\xd8\xff\xe0" + bytes([seed % 251]) * (700 + seed * 37 % 900) + seed.to_bytes(4, "big")
+DEVKIT_META = "ILSVRC2012_devkit_t12/data/meta.mat"
+DEVKIT_TRUTH = "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt"
 
 
 def tar_bytes(members: list[Member], fmt: int = tarfile.GNU_FORMAT, encoding: str = "utf-8") -> bytes:
@@ -34,10 +35,33 @@ def tar_bytes(members: list[Member], fmt: int = tarfile.GNU_FORMAT, encoding: st
     return buf.getvalue()
 
 
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A plain (ustar) tar of `members` at `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(tar_bytes(members, fmt=tarfile.USTAR_FORMAT))
+    return path
+
+
 def special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.linkname = kind, linkname
     return info
+
+
+def tar_entries(path: Path, prefix: str = "", base: int = 0, fileobj=None) -> list[tuple[str, int, int]]:
+    """(member path, offset in the uncompressed file, size) of every image, descending into nested .tar members
+    (offsets from tarfile's own `offset_data`, independent of the extract stage)."""
+    out = []
+    with tarfile.open(path, mode="r:", fileobj=fileobj) as tar:
+        for info in tar.getmembers():
+            if not info.isfile():
+                continue
+            if info.name.endswith(".tar"):
+                inner = io.BytesIO(tar.extractfile(info).read())
+                out += tar_entries(path, f"{prefix}{info.name}/", base + info.offset_data, inner)
+            else:
+                out.append((f"{prefix}{info.name}", base + info.offset_data, info.size))
+    return out
 
 
 def meta_mat(ids: dict[str, int], words: dict[str, str] | None = None) -> bytes:
@@ -55,12 +79,18 @@ def meta_mat(ids: dict[str, int], words: dict[str, str] | None = None) -> bytes:
 
 
 def devkit_bytes(ids: dict[str, int], ground_truth: list[int], words: dict[str, str] | None = None) -> bytes:
-    import gzip
-
     gt = "".join(f"{i}\n" for i in ground_truth).encode()
-    inner = tar_bytes([("ILSVRC2012_devkit_t12/data/meta.mat", meta_mat(ids, words)),
-                       ("ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt", gt)])
+    inner = tar_bytes([(DEVKIT_META, meta_mat(ids, words)), (DEVKIT_TRUTH, gt)])
     return gzip.compress(inner, mtime=0)
+
+
+def read_devkit(devkit: Path) -> tuple[np.ndarray, list[int]]:
+    """(the synsets records of meta.mat, squeezed; the val ground-truth ILSVRC2012_IDs) of a devkit archive."""
+    with tarfile.open(devkit) as tar:
+        meta = tar.extractfile(DEVKIT_META).read()
+        truth = tar.extractfile(DEVKIT_TRUTH).read()
+    synsets = scipy.io.loadmat(io.BytesIO(meta), squeeze_me=True)["synsets"]
+    return synsets, [int(line) for line in truth.decode().split()]
 
 
 def write_release(raw: Path, train: dict[str, list[str]], val: dict[str, str], ids: dict[str, int] | None = None,
@@ -74,10 +104,10 @@ def write_release(raw: Path, train: dict[str, list[str]], val: dict[str, str], i
     wnids = sorted(set(train) | set(val.values()))
     ids = ids or {w: len(wnids) - i for i, w in enumerate(wnids)}
     seed = iter(range(1, 1_000_000))
-    outer = [(f"{w}.tar", tar_bytes([(n, image_bytes(next(seed))) for n in names] + list((inner_extra or {}).get(w, []))))
+    outer = [(f"{w}.tar", tar_bytes([(n, fake_jpeg(next(seed))) for n in names] + list((inner_extra or {}).get(w, []))))
              for w, names in train.items()]
     (raw / ARCHIVES["train"]).write_bytes(tar_bytes(outer + list(extra_train)))
-    (raw / ARCHIVES["val"]).write_bytes(tar_bytes([(n, image_bytes(next(seed))) for n in val] + list(extra_val)))
+    (raw / ARCHIVES["val"]).write_bytes(tar_bytes([(n, fake_jpeg(next(seed))) for n in val] + list(extra_val)))
     truth = [ids[val[n]] for n in sorted(val)]
     (raw / ARCHIVES["devkit"]).write_bytes(devkit_bytes(ids, truth))
     return dict(val)
@@ -104,4 +134,5 @@ def run_extract(raw: Path, out: Path, materialize: bool = False, **options) -> d
 
 
 def manifest(out: Path, split: str) -> list[dict]:
+    """The rows of the manifest run_extract wrote under `out`."""
     return pq.read_table(out / "manifests" / f"{split}.parquet").to_pylist()

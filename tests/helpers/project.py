@@ -1,0 +1,28 @@
+"""Where the repository is, and a fresh git + DVC copy of its working tree for tests that run `dvc repro`,
+`dvc push` or a deployment (never on the checkout itself)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "data"  # real-data facts and images (present in CI)
+GIT = ["git", "-c", "user.name=test", "-c", "user.email=test@127.0.0.1"]
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy the working tree (tracked + untracked-not-ignored files; no data/, no .venv) into a fresh git repo."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for rel in sorted(filter(None, listed)):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "copy"], cwd=dest, check=True)
+    return dest

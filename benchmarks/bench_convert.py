@@ -37,7 +37,7 @@ SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
 sys.path.insert(0, str(REPO))
 
 from tasks.common.params import paths  # noqa: E402
-from tasks.convert import run_local  # noqa: E402
+from tasks.convert.distribute import run_local  # noqa: E402
 from tasks.convert.job import job_from_params  # noqa: E402
 
 MANIFEST = pa.schema([("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()), ("name", pa.string()),

@@ -4,7 +4,7 @@
 
 Replicates ../shared/data/imagenet-samples to `--images` real JPEGs (distinct files: an ImageFolder tree under
 benchmarks/_work/reader/folder), indexes them in a folder-mode manifest (docs/CONTRACTS.md) and converts them
-with the convert stage's own code (`tasks.convert.run_local`): passthrough shards, and shards with the shorter
+with the convert stage's own code (`tasks.convert.distribute.run_local`): passthrough shards, and shards with the shorter
 side resized to 256 (`convert.resize_shorter: 256`). Every loader runs one epoch through a torch DataLoader with
 the same workers, batch size and transform (decode -> RandomResizedCrop 224 -> horizontal flip -> uint8 CHW
 tensor, written with PIL + numpy + torch because torchvision is not installed). Warm runs read everything once
@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
 from tasks.common import write_json
 from tasks.common.params import load_params  # noqa: E402
-from tasks.convert import run_local  # noqa: E402
+from tasks.convert.distribute import run_local  # noqa: E402
 from tasks.convert.job import Job  # noqa: E402
 from tasks.convert.imaging import Policy  # noqa: E402
 from tasks.common.synsets import shipped_synsets

@@ -17,7 +17,7 @@ from PIL import Image, ImageStat
 
 from imagenet_parquet.format import TRANSFORM_PATTERN
 from tasks.common import PipelineError
-from tasks.convert import run_local
+from tasks.convert.distribute import run_local
 from tasks.convert.stage import prepare
 from tests.helpers.datasets import flat_dataset, make_job, read_rows, sample_dataset, shard_bytes
 from tests.helpers.images import jpeg, noisy_jpeg
@@ -162,7 +162,7 @@ KILL_SCRIPT = """
 import sys
 sys.path.insert(0, {repo!r})
 from tests.helpers.datasets import make_job
-from tasks.convert import run_local
+from tasks.convert.distribute import run_local
 run_local(make_job(__import__("pathlib").Path({root!r}), shard_mb=0.01, row_group_rows=4, policy="reencode"),
           progress=False)
 """

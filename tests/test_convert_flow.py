@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.convert import run_local
+from tasks.convert.distribute import run_local
 from tests.helpers.datasets import flat_dataset, make_job, shard_bytes
 from tests.helpers.images import jpeg, noisy_jpeg
 from tests.helpers.params import section, write_params

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError
-from tasks.common.layout import MANIFEST_SCHEMA
+from tasks.common.manifests import MANIFEST_SCHEMA
 from tasks.common.synsets import shipped_synsets
 from tasks.extract import classes as labels
 from tasks.extract import stage as extract

@@ -12,7 +12,7 @@ import pytest
 from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index
 from imagenet_parquet.shards import IndexedReader
-from tasks.convert import run_local
+from tasks.convert.distribute import run_local
 from tasks.convert import writer as shard_module
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import make_dataset, make_job, sample_dataset, write_shards

@@ -5,7 +5,7 @@ from __future__ import annotations
 from PIL import Image
 
 from tasks.common import ARCHIVES
-from tasks.convert import run_local
+from tasks.convert.distribute import run_local
 from tasks.convert.job import job_from_params
 from tasks.extract import stage as extract
 from tasks.validate.contact_sheet import write_contact_sheet

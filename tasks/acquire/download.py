@@ -63,6 +63,7 @@ class Download:
 
 
 def plan(project: Project) -> Download:
+    """The stage's job from params.yaml `download:`, `sample:` and `paths:`."""
     params = project.params.download
     return Download(
         project.path("raw"),

@@ -23,7 +23,7 @@ import scipy.io
 from PIL import Image, ImageDraw
 
 from tasks.acquire.md5state import compute_md5
-from tasks.common import ARCHIVES, atomic_path
+from tasks.common import ARCHIVES, atomic_path, write_text
 from tasks.common.synsets import load_synsets
 
 MTIME = 1_335_000_000  # fixed member mtime (April 2012, like the real release)
@@ -290,8 +290,7 @@ def write_sample(
     records = _synset_records(chosen, ids, train_per_class)
     _write_tar_gz(out / ARCHIVES["devkit"], _devkit_members(records, [ids[label] for label in val_labels]))
     md5s = {name: compute_md5(out / name, progress=False) for name in ARCHIVES.values()}
-    with atomic_path(out / MD5_TABLE) as tmp:
-        tmp.write_text("name\tmd5\n" + "".join(f"{n}\t{m}\n" for n, m in md5s.items()), encoding="utf-8")
+    write_text(out / MD5_TABLE, "name\tmd5\n" + "".join(f"{n}\t{m}\n" for n, m in md5s.items()))
     return md5s
 
 

@@ -43,9 +43,7 @@ def dumps_json(obj: Any) -> str:
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Atomically write deterministic JSON."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(dumps_json(obj), encoding="utf-8")
-    return Path(path)
+    return write_text(path, dumps_json(obj))
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -33,6 +33,12 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _needs(section: Section, when: str, value: str, key: str, expected: str) -> None:
+    """A cross-field rule: with `when: value`, `key` must be set (raised as `key: expected ..., found null`)."""
+    if getattr(section, when) == value and not getattr(section, key):
+        raise ValueError(f"{key}: expected {expected} with {when}: {value}, found null")
+
+
 class PathsParams(Section):
     raw: str = Field(description="a directory: downloaded / linked archives")
     manifests: str = Field(description="a directory: per-split manifests (extract)")
@@ -77,10 +83,7 @@ class ExtractParams(Section):
 
     @model_validator(mode="after")
     def _folder_mode_needs_folder(self) -> ExtractParams:
-        if self.mode == "folder" and not self.folder:
-            raise ValueError(
-                "folder: expected the root of the train/<wnid>, val/<wnid> tree with mode: folder, found null"
-            )
+        _needs(self, "mode", "folder", "folder", "the root of the train/<wnid>, val/<wnid> tree")
         return self
 
 
@@ -102,10 +105,7 @@ class ConvertParams(Section):
 
     @model_validator(mode="after")
     def _dask_needs_address(self) -> ConvertParams:
-        if self.task_runner == "dask" and not self.dask_address:
-            raise ValueError(
-                "dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, found null"
-            )
+        _needs(self, "task_runner", "dask", "dask_address", "a scheduler address (tcp://host:8786)")
         return self
 
 
@@ -280,7 +280,6 @@ class Project:
 
     root: Path
     params: Params
-    file: Path
 
     def path(self, key: str) -> Path:
         """A `paths:` entry as an absolute path."""
@@ -320,4 +319,4 @@ def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
         doc = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
-    return Project(file.parent, validate_params(doc, shown), file)
+    return Project(file.parent, validate_params(doc, shown))

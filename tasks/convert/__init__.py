@@ -1,8 +1,4 @@
 """Convert stage: manifests + label map -> Parquet shards (the format of imagenet_parquet.format).
 
-Library use without Prefect: `run_local(job_from_params(...), workers=N)` (see the README's code map)."""
-
-from tasks.convert.distribute import run_local
-from tasks.convert.job import Job, job_from_params
-
-__all__ = ["Job", "job_from_params", "run_local"]
+Library use without Prefect: `tasks.convert.distribute.run_local(tasks.convert.job.job_from_params(...))` (see the
+README's code map). Nothing is imported here, so `tasks.convert.jpeg_header` alone stays cheap."""

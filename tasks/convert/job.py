@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common import SPLITS
+from tasks.common.manifests import manifest_path
 from tasks.common.params import ConvertParams
 from tasks.convert.imaging import Policy
 from tasks.convert.plan import ShardPlan
@@ -34,7 +35,7 @@ class Job:
         return int(self.shard_mb * (1 << 20))
 
     def manifest(self, split: str) -> Path:
-        return self.manifests / f"{split}.parquet"
+        return manifest_path(self.manifests, split)
 
     def splits(self) -> list[str]:
         return [split for split in SPLITS if self.manifest(split).is_file()]

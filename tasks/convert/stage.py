@@ -21,14 +21,15 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map, shard_schema
-from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json
+from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json, write_text
 from tasks.common.layout import BAD_IMAGES
+from tasks.common.manifests import MANIFEST_SCHEMA
 from tasks.convert.imaging import BadImage, encode_image
 from tasks.convert.job import Job
 from tasks.convert.plan import ShardPlan, finished_stats, plan_split, remove_stale
 from tasks.convert.writer import write_shard
 
-MANIFEST_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]
+MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # what convert reads of a manifest
 
 
 def prepare(job: Job) -> list[ShardPlan]:
@@ -91,8 +92,7 @@ def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], se
     by_shard = {(r["split"], r["shard"]): r for r in results}
     ordered = [by_shard[(p.split, p.name)] for p in plans]
     bad = [record for r in ordered for record in r["bad"]]
-    with atomic_path(job.parquet / BAD_IMAGES) as tmp:
-        tmp.write_text("".join(json.dumps(b, sort_keys=True) + "\n" for b in bad), encoding="utf-8")
+    write_text(job.parquet / BAD_IMAGES, "".join(json.dumps(b, sort_keys=True) + "\n" for b in bad))
     metrics = _metrics(ordered, seconds)
     write_json(job.metrics, metrics)
     _check_bad_fraction(job, metrics)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ruamel.yaml import YAML
 from yaml import safe_load
 
-from tasks.common import PipelineError, atomic_path
+from tasks.common import PipelineError, write_text
 from tasks.common.params import SECTIONS, resolve_path, validate_params
 
 
@@ -199,9 +199,7 @@ def params_updates(form: RunParams) -> dict[tuple[str, str], Any]:
         ("extract", "mode"): "folder" if folder else "archives",
         ("extract", "folder"): form.location if folder else None,
         ("extract", "classes"): classes,
-        ("convert", "policy"): form.policy,
-        ("convert", "quality"): form.quality,
-        ("convert", "resize_shorter"): form.resize_shorter,
+        **{key: getattr(form, field) for field, key in PARAMS_FIELDS.items()},
     }
 
 
@@ -235,8 +233,7 @@ def apply_params(
         text = io.StringIO()
         yaml.dump(doc, text)
         validate_params(safe_load(text.getvalue()), f"{params_file} (with the run form's values)")
-        with atomic_path(params_file) as tmp:
-            tmp.write_text(text.getvalue(), encoding="utf-8")
+        write_text(params_file, text.getvalue())
     return changed
 
 

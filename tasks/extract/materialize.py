@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from tasks.common import SPLITS, PipelineError, atomic_path
+from tasks.common.manifests import manifest_path
 from tasks.extract.tarindex import TAR_ENCODING, open_tar, safe_members
 
 CLASS_TAR_PREFIX = re.compile(r"^(.*?n\d{8}\.tar)/")  # `<...>/n01440764.tar/<image>` → the class tar member
@@ -98,7 +99,7 @@ def materialize(
     written: dict[str, int] = {}
     with atomic_path(out_dir) as tmp:
         for split in SPLITS:
-            manifest = Path(manifests_dir) / f"{split}.parquet"
+            manifest = manifest_path(manifests_dir, split)
             rows = pq.read_table(manifest).to_pylist()
             written[split] = 0
             for source, targets in sorted(_targets(rows, manifest).items()):

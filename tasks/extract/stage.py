@@ -1,9 +1,9 @@
 """Extract stage: index the archives (or an ImageFolder tree) into per-split manifests and one label map.
 
 Nothing is copied: a manifest row says where an image's bytes lie (`source`, `offset`, `size`), so reading it
-is one `pread` from the verified archive. Steps (each a Prefect task in flows/extract.py):
-`scan_archive_split` / `scan_folder_split_to` write a staging index per split under `<work>/extract/`;
-`finalize` labels val, applies the class subset, checks train/val agree and writes the outputs of
+is one `pread` from the verified archive. `job_from_params` turns params.yaml into an `ExtractJob`; then (each a
+Prefect task in flows/extract.py) `scan_split` writes a staging index per split under `<work>/extract/` (archive
+or folder), `finalize_job` labels val, applies the class subset, checks train/val agree and writes the outputs of
 docs/CONTRACTS.md; `tasks.extract.materialize` optionally writes an ImageFolder tree."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
-from tasks.common.layout import EXTRACT_REPORT, MANIFEST_SCHEMA
+from tasks.common.layout import EXTRACT_REPORT
+from tasks.common.manifests import MANIFEST_SCHEMA, manifest_path
 from tasks.common.params import Project, resolve_path
 from tasks.common.synsets import Synset, shipped_synsets
 from tasks.extract import classes as labels
@@ -179,7 +180,7 @@ def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table
 
 
 def _write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
-    with atomic_path(manifests_dir / f"{split}.parquet") as tmp:
+    with atomic_path(manifest_path(manifests_dir, split)) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from imagenet_parquet.format import FIELDS
-from tasks.common import SPLITS, atomic_path, write_json
+from tasks.common import SPLITS, write_json, write_text
 from tasks.common.layout import REPORT_MD
 from tasks.common.params import ValidateParams
 from tasks.validate.checks import CheckResult
@@ -112,9 +112,7 @@ def write_reports(report: dict[str, Any], reports_dir: Path, metrics_path: Path)
     """schema_report.json / .md, class_counts.csv under `reports_dir`, and the metrics JSON (all atomic)."""
     written = [write_json(reports_dir / REPORT_JSON, report), write_json(metrics_path, metrics(report))]
     for name, text in ((REPORT_MD, render_markdown(report)), (CLASS_COUNTS_CSV, class_counts_csv(report))):
-        with atomic_path(reports_dir / name) as tmp:
-            tmp.write_text(text, encoding="utf-8")
-        written.append(reports_dir / name)
+        written.append(write_text(reports_dir / name, text))
     return written
 
 

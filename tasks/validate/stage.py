@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from imagenet_parquet.format import COLUMNS, read_label_map
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES
+from tasks.common.manifests import manifest_path
 from tasks.common.params import ValidateParams
 from tasks.validate.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
 from tasks.validate.dataset_checks import (
@@ -37,7 +38,7 @@ def load_manifests(manifests_dir: str | Path) -> dict[str, pd.DataFrame]:
     """(split, name, label, wnid) of each manifest — the images the extract stage listed."""
     manifests = {}
     for split in SPLITS:
-        path = Path(manifests_dir) / f"{split}.parquet"
+        path = manifest_path(manifests_dir, split)
         if not path.is_file():
             raise PipelineError(
                 f"{path}: expected the {split} manifest written by the extract stage, found no "

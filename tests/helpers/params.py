@@ -41,7 +41,7 @@ def validate_section(**overrides: Any) -> ValidateParams:
 
 def project(root: Path, **sections: dict[str, Any]) -> Project:
     """A Project rooted at `root` whose params are the repository's, with per-section overrides."""
-    return Project(Path(root), validate_params(_overridden(sections)), Path(root) / "params.yaml")
+    return Project(Path(root), validate_params(_overridden(sections)))
 
 
 def write_params(root: Path, **sections: dict[str, Any]) -> Path:

@@ -75,7 +75,8 @@ def images() -> tuple[str, list[bytes]]:
 
 
 def bench_fingerprint(datas: list[bytes]) -> dict[str, list[int]]:
-    print(f"\n## fingerprint: CPU ms per image ({len(datas)} images, mean {np.mean([len(d) for d in datas]) / 1e3:.0f} KB)")
+    kb = np.mean([len(d) for d in datas]) / 1e3
+    print(f"\n## fingerprint: CPU ms per image ({len(datas)} images, mean {kb:.0f} KB)")
     print("| method | ms/image | vs own |\n|---|---|---|")
     hashers = {"own (tasks/convert/fingerprint.py)": fingerprint}
     if imagehash_fn():
@@ -88,6 +89,28 @@ def bench_fingerprint(datas: list[bytes]) -> dict[str, list[int]]:
         if out[0] is not None:
             results[name] = out
     return results
+
+
+def bench_convert_cost(datas: list[bytes]) -> None:
+    """What the fingerprint adds to convert's per-image work (pass-through policy: header check + SHA-256)."""
+    import hashlib
+
+    from tasks.convert.fingerprint import stored_fingerprint
+    from tasks.convert.imaging import Policy, encode_image
+    policy = Policy()
+
+    def without(data: bytes) -> None:
+        hashlib.sha256(encode_image(data, policy).data).hexdigest()
+
+    def with_fingerprint(data: bytes) -> None:
+        enc = encode_image(data, policy)
+        hashlib.sha256(enc.data).hexdigest()
+        stored_fingerprint(enc.data)
+    base, _ = cpu(without, datas)
+    full, _ = cpu(with_fingerprint, datas)
+    print("\n## convert's per-image CPU (pass-through), without and with the fingerprint")
+    print(f"| convert row | ms/image | ratio |\n|---|---|---|\n| without phash | {base:.3f} | 1.00x |\n"
+          f"| with phash | {full:.3f} | {full / base:.2f}x |")
 
 
 def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
@@ -123,6 +146,18 @@ def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) 
         print(f"| {n} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} |")
 
 
+def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str):
+    """One near_pairs search, timed (CPU s) with the process's peak RSS, as a table row."""
+    start = time.process_time()
+    pairs = near_pairs(queries, indexed, d, self_join=self_join)
+    seconds = time.process_time() - start
+    plan = band_plan(d, len(queries), len(indexed))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"| {what}, distance {d} | {len(indexed):,} x {len(queries):,} | {plan.widths}, {plan.radius} | "
+          f"{seconds:.1f} | {len(pairs)} {note} | {rss:.0f} |")
+    return pairs
+
+
 def bench_search(train_n: int, val_n: int, planted: int, brute_rows: int) -> None:
     rng = np.random.default_rng(0)
     train = rng.integers(0, 2**64 - 1, train_n, dtype=np.uint64, endpoint=True)
@@ -131,22 +166,10 @@ def bench_search(train_n: int, val_n: int, planted: int, brute_rows: int) -> Non
     for i in range(planted):
         flips = rng.choice(64, i % (d + 1), replace=False)
         val[i] = train[(i * 7919) % train_n] ^ np.uint64(sum(1 << int(b) for b in flips))
-    print(f"\n## search: synthetic uniform fingerprints, one core")
+    print("\n## search: synthetic uniform fingerprints, one core")
     print("| search | size | plan (band bits, radius) | CPU s | pairs | peak RSS MB |\n|---|---|---|---|---|---|")
-    start = time.process_time()
-    pairs = near_pairs(val, train, d)
-    seconds = time.process_time() - start
-    plan = band_plan(d, val_n, train_n)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"| train x val, distance {d} | {train_n:,} x {val_n:,} | {plan.widths}, {plan.radius} | {seconds:.1f} | "
-          f"{len(pairs)} (planted {planted}) | {rss:.0f} |")
-    start = time.process_time()
-    inside = near_pairs(train, train, td, self_join=True)
-    seconds = time.process_time() - start
-    plan = band_plan(td, train_n, train_n)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"| inside train, distance {td} | {train_n:,} x {train_n:,} | {plan.widths}, {plan.radius} | "
-          f"{seconds:.1f} | {len(inside)} | {rss:.0f} |")
+    pairs = banded("train x val", val, train, d, False, f"(planted {planted})")
+    banded("inside train", train, train, td, True, "")
     start = time.process_time()
     for first in range(0, brute_rows, 20):  # 20 x 1.28M distances at a time (~0.2 GB)
         np.nonzero(np.bitwise_count(val[first:first + 20, None] ^ train[None, :]) <= d)
@@ -169,6 +192,7 @@ def main() -> None:
         source, datas = images()
         print(f"# near-duplicate benchmark ({source})")
         hashed = bench_fingerprint(datas)
+        bench_convert_cost(datas)
         bench_quality(datas, hashed, min(args.bases, len(datas)))
     bench_search(args.train, args.val, args.planted, args.brute_rows)
 

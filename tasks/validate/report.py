@@ -254,22 +254,16 @@ def _near_duplicates_section(report: dict[str, Any]) -> list[str]:
         ]
         shown = pairs[: 5 * report["params"]["report_examples"]]
         lines += _table(
-            ["val name", "val class", "train name", "train class", "distance", "cross-class"],
-            [
-                [
-                    p["val_name"],
-                    p["val_wnid"],
-                    p["train_name"],
-                    p["train_wnid"],
-                    p["distance"],
-                    "**yes**" if p["cross_class"] else "",
-                ]
-                for p in shown
-            ],
+            ["val name", "val class", "train name", "train class", "distance", "cross-class"], _pair_rows(shown)
         )
         if len(pairs) > len(shown):
             lines += [f"... and {len(pairs) - len(shown)} more (schema_report.json, near_duplicates_exclude.csv).", ""]
     return lines
+
+
+def _pair_rows(pairs: list[dict[str, Any]]) -> list[list[Any]]:
+    keys = ["val_name", "val_wnid", "train_name", "train_wnid", "distance"]
+    return [[p[k] for k in keys] + ["**yes**" if p["cross_class"] else ""] for p in pairs]
 
 
 def _schema_section(report: dict[str, Any]) -> list[str]:

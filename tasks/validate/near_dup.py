@@ -100,13 +100,26 @@ def _band_matches(
     for first in range(0, len(queries), step):
         probes = (query_keys[first : first + step, None] ^ flips[None, :]).ravel()
         hits = counts[probes]
-        query_rows = first + np.repeat(np.arange(len(probes)) // len(flips), hits)
-        within = np.arange(int(hits.sum())) - np.repeat(np.cumsum(hits) - hits, hits)
-        rows = order[np.repeat(starts[probes], hits) + within]
-        keep = np.bitwise_count(queries[query_rows] ^ indexed[rows]) <= distance
-        if self_join:
-            keep &= query_rows < rows
-        yield query_rows[keep] * len(indexed) + rows[keep]
+        for lo, hi in _pieces(hits):  # skewed (real) fingerprints: many hits per probe, memory still bounded
+            probe, hit = probes[lo:hi], hits[lo:hi]
+            query_rows = first + np.repeat(np.arange(lo, hi) // len(flips), hit)
+            within = np.arange(int(hit.sum())) - np.repeat(np.cumsum(hit) - hit, hit)
+            rows = order[np.repeat(starts[probe], hit) + within]
+            keep = np.bitwise_count(queries[query_rows] ^ indexed[rows]) <= distance
+            if self_join:
+                keep &= query_rows < rows
+            yield query_rows[keep] * len(indexed) + rows[keep]
+
+
+def _pieces(hits: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive (lo, hi) slices of the probes with about CANDIDATE_BLOCK candidates each (a probe with more
+    alone)."""
+    ends = np.cumsum(hits)
+    if len(hits) == 0 or ends[-1] <= CANDIDATE_BLOCK:
+        return [(0, len(hits))]
+    cuts = np.searchsorted(ends, np.arange(CANDIDATE_BLOCK, ends[-1], CANDIDATE_BLOCK), side="right")
+    bounds = sorted({0, *(int(c) for c in cuts), len(hits)})
+    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 # ---------------------------------------------------------------- the shards' fingerprints

@@ -4,7 +4,7 @@ differ in at most d of 64 bits, found without comparing all pairs, and near-dupl
 Multi-index hashing: the 64 bits are cut into b bands; a pair within distance d < b * (r + 1) has at least one
 band within distance r (pigeonhole). Each band of the larger side (train) becomes a dense count table over its
 2**w values (CSR: counts, starts, rows sorted by band value); each query's band value and its variants within r
-flipped bits are looked up directly, the candidates' full 64-bit distances verified (`np.bitwise_count`) and the
+flipped bits are looked up directly, the candidates' full 64-bit distances verified (`popcount`) and the
 pairs kept once. b and r are chosen per search to minimise lookups + candidates (`band_plan`)."""
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ MAX_BAND_BITS = 22  # a dense table of 2**22 int64 counts (32 MiB) per band at m
 CANDIDATE_BLOCK = 1 << 23  # candidates verified per step: bounds memory (~0.5 GiB of temporaries)
 VERIFY_COST = 3.0  # a verified candidate costs ~3 lookups (gather, xor, popcount, compare)
 PAIR_COLUMNS = ["val_name", "val_wnid", "val_label", "train_name", "train_wnid", "train_label", "distance"]
+
+
+def popcount(values: np.ndarray) -> np.ndarray:
+    """Set bits per uint64 (`np.bitwise_count` on numpy >= 2; the SWAR bit count on the numpy 1.26 the reader
+    still allows)."""
+    if hasattr(np, "bitwise_count"):
+        return np.asarray(np.bitwise_count(values))
+    x = values.astype(np.uint64)
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ def near_pairs(queries: np.ndarray, indexed: np.ndarray, distance: int, self_joi
         found += list(_band_matches(queries, indexed, shift, width, plan.radius, distance, self_join))
     keys = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     q, t = keys // max(len(indexed), 1), keys % max(len(indexed), 1)
-    dist = np.bitwise_count(queries[q] ^ indexed[t]).astype(np.int64)
+    dist = popcount(queries[q] ^ indexed[t]).astype(np.int64)
     return pd.DataFrame({"query": q, "indexed": t, "distance": dist})
 
 
@@ -105,7 +117,7 @@ def _band_matches(
             query_rows = first + np.repeat(np.arange(lo, hi) // len(flips), hit)
             within = np.arange(int(hit.sum())) - np.repeat(np.cumsum(hit) - hit, hit)
             rows = order[np.repeat(starts[probe], hit) + within]
-            keep = np.bitwise_count(queries[query_rows] ^ indexed[rows]) <= distance
+            keep = popcount(queries[query_rows] ^ indexed[rows]) <= distance
             if self_join:
                 keep &= query_rows < rows
             yield query_rows[keep] * len(indexed) + rows[keep]

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 2  # 2: footer byte index
+FORMAT_VERSION = 3  # 2: footer byte index; 3: `phash` column (perceptual fingerprint)
 HASH_ALGORITHM = "sha256"
+FINGERPRINT_COLUMN = "phash"
+FINGERPRINT_ALGORITHM = "dct64-v1"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # the Hugging Face Image layout
 FIELDS: list[tuple[str, pa.DataType]] = [
     ("image", IMAGE_TYPE),
@@ -31,6 +33,7 @@ FIELDS: list[tuple[str, pa.DataType]] = [
     ("transform", pa.string()),
     ("exif_orientation", pa.int8()),
     (HASH_ALGORITHM, pa.string()),
+    (FINGERPRINT_COLUMN, pa.uint64()),
 ]
 COLUMNS = [name for name, _ in FIELDS]
 # Parquet column paths (nested image columns are dotted): JPEG bytes are stored PLAIN and uncompressed (the byte
@@ -43,7 +46,13 @@ IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of 
 # Every `transform` value is `none` or these steps joined by `+`.
 TRANSFORM_STEP_PATTERN = r"[a-z0-9]+_to_jpeg|cmyk_to_rgb|to_rgb|exif_transpose|resize_[0-9]+|reencode_q[0-9]+"
 TRANSFORM_PATTERN = rf"^(none|({TRANSFORM_STEP_PATTERN})(\+({TRANSFORM_STEP_PATTERN}))*)$"
-_VALUE_DTYPES = {pa.int8(): "int8", pa.int32(): "int32", pa.int64(): "int64", pa.string(): "string"}
+_VALUE_DTYPES = {
+    pa.int8(): "int8",
+    pa.int32(): "int32",
+    pa.int64(): "int64",
+    pa.string(): "string",
+    pa.uint64(): "uint64",
+}
 
 
 class FormatError(ValueError):
@@ -130,7 +139,13 @@ def hf_features(names: list[str]) -> dict[str, Any]:
 
 def shard_schema(label_map: dict[str, Any], params: dict[str, Any], split: str) -> pa.Schema:
     """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps)."""
-    own = {"label_map": label_map, "convert_params": params, "split": split, "hash_algorithm": HASH_ALGORITHM}
+    own = {
+        "label_map": label_map,
+        "convert_params": params,
+        "split": split,
+        "hash_algorithm": HASH_ALGORITHM,
+        "fingerprint_algorithm": FINGERPRINT_ALGORITHM,
+    }
     metadata = {
         "huggingface": json.dumps(hf_features(class_names(label_map))),
         "imagenet_parquet": json.dumps(own, sort_keys=True),

@@ -230,12 +230,13 @@ def test_schema_metadata_and_writer_settings(tmp_path):
     shard = pq.ParquetFile(sorted((job.parquet / "train").glob("*.parquet"))[0])
     meta = json.loads(shard.schema_arrow.metadata[b"imagenet_parquet"])
     assert meta["split"] == "train" and meta["hash_algorithm"] == "sha256" and "workers" not in meta["convert_params"]
+    assert meta["fingerprint_algorithm"] == "dct64-v1"
     assert meta["label_map"]["num_classes"] == 3
     columns = shard.metadata.row_group(0)
     compression = {columns.column(i).path_in_schema: columns.column(i).compression for i in range(columns.num_columns)}
     assert compression["image.bytes"] == "UNCOMPRESSED" and compression["sha256"] == "ZSTD"
     assert shard.schema_arrow.names == ["image", "label", "wnid", "label_name", "width", "height", "source_format",
-                                        "transform", "exif_orientation", "sha256"]
+                                        "transform", "exif_orientation", "sha256", "phash"]
 
 
 @pytest.mark.parametrize("key,value", [("policy", "fast"), ("quality", 0), ("exif", "rotate"), ("shard_mb", 0),

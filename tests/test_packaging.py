@@ -187,6 +187,7 @@ def _write_shard(path: Path) -> None:
         columns["transform"].append("none")
         columns["exif_orientation"].append(1)
         columns["sha256"].append(hashlib.sha256(data).hexdigest())
+        columns["phash"].append(0)  # the fingerprint is convert's (pillow/numpy); the reader never reads it
     pq.write_table(pa.Table.from_pydict(columns, schema=schema), path, row_group_size=2)
 
 

@@ -24,6 +24,7 @@ def test_flow_writes_reports_and_keyed_artifacts(prefect_api, tmp_path):
     assert state.is_completed(), state
     reports = tmp_path / "data" / "reports"
     assert sorted(p.name for p in reports.iterdir()) == ["class_counts.csv", "contact_sheet.png",
+                                                         "near_duplicates.png", "near_duplicates_exclude.csv",
                                                          "schema_report.json", "schema_report.md"]
     metrics = json.loads((tmp_path / "data" / "metrics" / "validate.json").read_text())
     assert metrics["train"]["rows"] == 12 and metrics["val"]["rows"] == 6

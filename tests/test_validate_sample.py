@@ -27,6 +27,7 @@ def test_sample_through_extract_convert_validate_passes(sample_release, tmp_path
     cfg = params.validation.model_copy(update={"decode_sample": "all"})
     report = run_validation(where["parquet"], where["manifests"], where["label_map"], cfg)
     assert report["status"] == "pass", [c["message"] for c in report["checks"] if c["status"] != "pass"]
+    assert report["near_duplicates"]["checked"] and report["near_duplicates"]["pairs"] == []  # synthetic: >= 16 bits
     sample = params.sample
     assert report["splits"]["train"]["rows"] + report["splits"]["train"]["quarantined"] == (
         sample.classes * sample.train_per_class)

@@ -120,6 +120,9 @@ class ValidateParams(Section):
     report_examples: int = Field(ge=0)
     contact_sheet_per_class: int = Field(ge=1)
     contact_sheet_classes: int = Field(ge=1)
+    near_duplicates_distance: int = Field(ge=0, le=16, description="Hamming distance between 64-bit fingerprints")
+    near_duplicates_max_pairs: int = Field(ge=0)
+    near_duplicates_train_distance: int = Field(ge=0, le=8, description="Hamming distance within train")
 
     @field_validator("train_count", "val_count")
     @classmethod

@@ -24,6 +24,7 @@ from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map,
 from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json, write_text
 from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import MANIFEST_SCHEMA
+from tasks.convert.fingerprint import stored_fingerprint
 from tasks.convert.imaging import BadImage, encode_image
 from tasks.convert.job import Job
 from tasks.convert.plan import ShardPlan, finished_stats, plan_split, remove_stale
@@ -139,6 +140,7 @@ def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally:
             data = sources.read(row["source"], row["offset"], row["size"])
             try:
                 enc = encode_image(data, job.policy)
+                phash = stored_fingerprint(enc.data)  # of the stored (possibly re-encoded) bytes
             except BadImage as err:
                 tally.bad.append(
                     {
@@ -162,6 +164,7 @@ def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally:
                 "transform": enc.transform,
                 "exif_orientation": enc.exif_orientation,
                 "sha256": hashlib.sha256(enc.data).hexdigest(),
+                "phash": phash,
             }
 
 

@@ -39,6 +39,8 @@ DESCRIPTIONS = {
     "image.bytes (what the reader preads)",
     "decode": "Pillow decodes the sampled rows to width x height",
     "leakage": "no identical image bytes (sha256) in both train and val",
+    "near_duplicates": "no train/val pair of near-identical pictures (`phash` within params "
+    "validate.near_duplicates_distance bits)",
 }
 EXAMPLE_COLUMNS = ["split", "shard", "row", "image_path", "label", "wnid", "label_name"]
 _PANDERA_BUILTINS = {

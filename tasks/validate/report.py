@@ -91,6 +91,8 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
     checks = {c["name"]: c for c in report["checks"]}
     out["bad_images"] = report["bad_images"]["count"]
     out["leakage_pairs"] = checks["leakage"]["failures"]
+    if "near_duplicates" in checks:
+        out["near_duplicate_pairs"] = checks["near_duplicates"]["failures"]
     out["checks"] = {
         status: sum(c["status"] == status for c in report["checks"]) for status in ("pass", "warn", "fail")
     }
@@ -130,7 +132,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Schema and label validation: {STATUS_WORD[report['status']]}", ""]
     lines += _summary_section(report) + _counts_section(report) + _checks_section(report)
-    lines += _examples_section(report) + _bad_images_section(report) + _schema_section(report)
+    lines += _examples_section(report) + _bad_images_section(report) + _near_duplicates_section(report)
+    lines += _schema_section(report)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -221,6 +224,46 @@ def _bad_images_section(report: dict[str, Any]) -> list[str]:
         header = list(dict.fromkeys(k for row in bad["examples"] for k in row))
         lines += _table(header, [[row.get(k) for k in header] for row in bad["examples"]])
     return lines
+
+
+def _near_duplicates_section(report: dict[str, Any]) -> list[str]:
+    """The train/val near-duplicate pairs (the first report_examples x 5), with the picture and the exclude list."""
+    near = report.get("near_duplicates")
+    if not near or not near["checked"]:
+        return []
+    pairs, groups = near["pairs"], near["train_groups"]
+    lines = [
+        "## Near-duplicates (perceptual fingerprint `phash`)",
+        "",
+        (
+            f"{len(pairs)} train/val pair(s) within Hamming distance {near['distance']} of 64 bits "
+            f"({sum(p['cross_class'] for p in pairs)} across classes, flagged: also a label problem). "
+            f"Inside train: {groups['groups']} group(s) of {groups['images']} images within distance "
+            f"{groups['distance']}."
+        ),
+        "",
+    ]
+    if pairs:
+        lines += [
+            (
+                "Pairs side by side: [near_duplicates.png](near_duplicates.png). Candidate exclude list (review, "
+                "then copy to the curation exclude list, params `curate.exclude`): "
+                "[near_duplicates_exclude.csv](near_duplicates_exclude.csv)."
+            ),
+            "",
+        ]
+        shown = pairs[: 5 * report["params"]["report_examples"]]
+        lines += _table(
+            ["val name", "val class", "train name", "train class", "distance", "cross-class"], _pair_rows(shown)
+        )
+        if len(pairs) > len(shown):
+            lines += [f"... and {len(pairs) - len(shown)} more (schema_report.json, near_duplicates_exclude.csv).", ""]
+    return lines
+
+
+def _pair_rows(pairs: list[dict[str, Any]]) -> list[list[Any]]:
+    keys = ["val_name", "val_wnid", "train_name", "train_wnid", "distance"]
+    return [[p[k] for k in keys] + ["**yes**" if p["cross_class"] else ""] for p in pairs]
 
 
 def _schema_section(report: dict[str, Any]) -> list[str]:

@@ -28,7 +28,8 @@ from tasks.validate.dataset_checks import (
     manifest_check,
     manifest_label_check,
 )
-from tasks.validate.report import build_report, failure_summary
+from tasks.validate.near_dup import near_duplicate_check
+from tasks.validate.report import build_report, failure_summary, plain
 from tasks.validate.scan import ByteFindings, decode_mask, list_shards, read_metadata, scan_bytes
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
@@ -94,6 +95,8 @@ def run_validation(
         ),
         leakage_check(meta, params.leakage_max_pairs, limit),
     ]
+    near, near_section = near_duplicate_check(parquet_dir, params)
+    results.append(near)
     splits = {
         s: {
             **totals[s],
@@ -104,7 +107,8 @@ def run_validation(
         }
         for s in SPLITS
     }
-    return build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
+    report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
+    return {**report, "near_duplicates": plain(near_section)}
 
 
 def _index_check(meta: pd.DataFrame, findings: ByteFindings, shards: int, limit: int) -> CheckResult:

@@ -19,6 +19,7 @@ from PIL import Image, UnidentifiedImageError
 from imagenet_parquet.format import UNCOMPRESSED_COLUMNS, shard_schema
 from tasks.common import ARCHIVES
 from tasks.common.synsets import load_synsets
+from tasks.convert.fingerprint import fingerprint
 from tasks.convert.job import Job, job_from_params
 from tests.helpers.archives import read_devkit, tar_entries, write_tar
 from tests.helpers.images import indexed_jpeg, noisy_jpeg
@@ -43,7 +44,15 @@ def contract_row(data: bytes, path: str, label: int, wnid: str, label_name: str)
         width, height = 1, 1
     return {"image": {"bytes": data, "path": path}, "label": label, "wnid": wnid, "label_name": label_name,
             "width": width, "height": height, "source_format": "JPEG", "transform": "none",
-            "exif_orientation": 1, "sha256": hashlib.sha256(data).hexdigest()}
+            "exif_orientation": 1, "sha256": hashlib.sha256(data).hexdigest(), "phash": _phash(data)}
+
+
+def _phash(data: bytes) -> int | None:
+    """The convert stage's fingerprint of `data`; None (a null) for blobs that are no image."""
+    try:
+        return fingerprint(data)
+    except Exception:
+        return None
 
 
 # ---------------------------------------------------------------- convert: inputs and jobs

@@ -1,0 +1,201 @@
+"""Near-duplicate check: fingerprint CPU per image (own DCT hash vs `imagehash.phash`), quality (recall on planted
+near-duplicates, false pairs among distinct real images) and the banded search at ImageNet-1k size.
+
+  fingerprint  CPU ms per image over real JPEGs (../shared/data/imagenet-samples; else the built-in sample's),
+               own (tasks/convert/fingerprint.py), imagehash.phash (when installed; `pip install imagehash`), and
+               the floor: Pillow's reduced decode alone (draft + load, no hash)
+  quality      per edit of tests/helpers/planted.py (plus a 2-5 % crop of EACH side, a harder reading), the recall
+               at the default distance (params.yaml validate.near_duplicates_distance); the smallest distance
+               between two distinct real images and the false pairs among them
+  search       synthetic uniform fingerprints, --train x --val (default 1,281,167 x 50,000) with --planted near
+               copies: tasks.validate.near_dup.near_pairs (CPU s, peak RSS) next to brute force on a slice,
+               projected; and the groups-inside-train self-join at validate.near_duplicates_train_distance
+
+    python benchmarks/bench_near_dup.py                       # everything, ImageNet-1k search size
+    python benchmarks/bench_near_dup.py --train 200000 --val 10000 --skip-quality
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from PIL import Image  # noqa: E402
+
+from tasks.convert.fingerprint import fingerprint  # noqa: E402
+from tasks.validate.near_dup import band_plan, near_pairs  # noqa: E402
+from tests.helpers.params import validate_section  # noqa: E402
+from tests.helpers.planted import EDITS, _crop, real_images  # noqa: E402
+
+DEFAULT = validate_section()
+
+
+def cpu(fn, items) -> tuple[float, list]:
+    start = time.process_time()
+    out = [fn(x) for x in items]
+    return (time.process_time() - start) / len(items) * 1e3, out
+
+
+def imagehash_fn():
+    try:
+        import imagehash
+    except ImportError:
+        return None
+
+    def phash(data: bytes) -> int:
+        with Image.open(io.BytesIO(data)) as image:
+            return int(str(imagehash.phash(image)), 16)
+    return phash
+
+
+def decode_floor(data: bytes) -> None:
+    with Image.open(io.BytesIO(data)) as image:
+        image.draft("L", (64, 64))
+        image.load()
+
+
+def images() -> tuple[str, list[bytes]]:
+    real = real_images()
+    if real:
+        return "real ImageNet samples", [d for _, d in real]
+    from tasks.acquire.sample import write_sample
+    from tests.helpers.planted import sample_images
+    out = REPO / "benchmarks" / "_work" / "near_dup_sample"
+    if not (out / "ILSVRC2012_img_train.tar").is_file():
+        write_sample(out)
+    return "built-in sample images (no ../shared)", [d for _, d in sample_images(out, 1000)]
+
+
+def bench_fingerprint(datas: list[bytes]) -> dict[str, list[int]]:
+    kb = np.mean([len(d) for d in datas]) / 1e3
+    print(f"\n## fingerprint: CPU ms per image ({len(datas)} images, mean {kb:.0f} KB)")
+    print("| method | ms/image | vs own |\n|---|---|---|")
+    hashers = {"own (tasks/convert/fingerprint.py)": fingerprint}
+    if imagehash_fn():
+        hashers["imagehash.phash"] = imagehash_fn()
+    own_ms, results = None, {}
+    for name, fn in [*hashers.items(), ("floor: reduced decode only", decode_floor)]:
+        ms, out = cpu(fn, datas)
+        own_ms = own_ms or ms
+        print(f"| {name} | {ms:.3f} | {ms / own_ms:.2f}x |")
+        if out[0] is not None:
+            results[name] = out
+    return results
+
+
+def bench_convert_cost(datas: list[bytes]) -> None:
+    """What the fingerprint adds to convert's per-image work (pass-through policy: header check + SHA-256)."""
+    import hashlib
+
+    from tasks.convert.fingerprint import stored_fingerprint
+    from tasks.convert.imaging import Policy, encode_image
+    policy = Policy()
+
+    def without(data: bytes) -> None:
+        hashlib.sha256(encode_image(data, policy).data).hexdigest()
+
+    def with_fingerprint(data: bytes) -> None:
+        enc = encode_image(data, policy)
+        hashlib.sha256(enc.data).hexdigest()
+        stored_fingerprint(enc.data)
+    base, _ = cpu(without, datas)
+    full, _ = cpu(with_fingerprint, datas)
+    print("\n## convert's per-image CPU (pass-through), without and with the fingerprint")
+    print(f"| convert row | ms/image | ratio |\n|---|---|---|\n| without phash | {base:.3f} | 1.00x |\n"
+          f"| with phash | {full:.3f} | {full / base:.2f}x |")
+
+
+def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
+    d = DEFAULT.near_duplicates_distance
+    edits = {**EDITS, **{f"crop{c}pct-each-side": _crop(2 * c / 100) for c in (2, 3.5, 5)}}
+    fns = {"own (tasks/convert/fingerprint.py)": fingerprint, "imagehash.phash": imagehash_fn()}
+    print(f"\n## quality at distance {d}: recall per edit over {bases} base images (max distance seen)")
+    names = [n for n in hashed if fns.get(n)]
+    print("| edit | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    planted = {}
+    for edit, fn in edits.items():
+        copies = []
+        for data in datas[:bases]:
+            with Image.open(io.BytesIO(data)) as image:
+                copies.append(fn(image.convert("RGB")))
+        planted[edit] = copies
+    totals = dict.fromkeys(names, 0)
+    for edit, copies in planted.items():
+        cells = []
+        for n in names:
+            dist = [bin(fns[n](c) ^ hashed[n][i]).count("1") for i, c in enumerate(copies)]
+            hit = sum(x <= d for x in dist)
+            totals[n] += hit if "each-side" not in edit else 0
+            cells.append(f"{hit / len(dist):.2f} (max {max(dist)})")
+        print(f"| {edit} | " + " | ".join(cells) + " |")
+    print(f"| **issue's planted set (first {len(EDITS)} rows)** | "
+          + " | ".join(f"**{totals[n] / (bases * len(EDITS)):.3f}**" for n in names) + " |")
+    print(f"\n## false pairs among the {len(datas)} distinct images")
+    print("| method | smallest distance | pairs <= distance " + str(d) + " | pairs <= 12 |\n|---|---|---|---|")
+    for n in names:
+        h = np.array(hashed[n], dtype=np.uint64)
+        dist = np.bitwise_count(h[:, None] ^ h[None, :])[np.triu_indices(len(h), 1)]
+        print(f"| {n} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} |")
+
+
+def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str):
+    """One near_pairs search, timed (CPU s) with the process's peak RSS, as a table row."""
+    start = time.process_time()
+    pairs = near_pairs(queries, indexed, d, self_join=self_join)
+    seconds = time.process_time() - start
+    plan = band_plan(d, len(queries), len(indexed))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"| {what}, distance {d} | {len(indexed):,} x {len(queries):,} | {plan.widths}, {plan.radius} | "
+          f"{seconds:.1f} | {len(pairs)} {note} | {rss:.0f} |")
+    return pairs
+
+
+def bench_search(train_n: int, val_n: int, planted: int, brute_rows: int) -> None:
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 2**64 - 1, train_n, dtype=np.uint64, endpoint=True)
+    val = rng.integers(0, 2**64 - 1, val_n, dtype=np.uint64, endpoint=True)
+    d, td = DEFAULT.near_duplicates_distance, DEFAULT.near_duplicates_train_distance
+    for i in range(planted):
+        flips = rng.choice(64, i % (d + 1), replace=False)
+        val[i] = train[(i * 7919) % train_n] ^ np.uint64(sum(1 << int(b) for b in flips))
+    print("\n## search: synthetic uniform fingerprints, one core")
+    print("| search | size | plan (band bits, radius) | CPU s | pairs | peak RSS MB |\n|---|---|---|---|---|---|")
+    pairs = banded("train x val", val, train, d, False, f"(planted {planted})")
+    banded("inside train", train, train, td, True, "")
+    start = time.process_time()
+    for first in range(0, brute_rows, 20):  # 20 x 1.28M distances at a time (~0.2 GB)
+        np.nonzero(np.bitwise_count(val[first:first + 20, None] ^ train[None, :]) <= d)
+    brute = (time.process_time() - start) * val_n / brute_rows
+    print(f"| brute force (all pairs), projected from {brute_rows} val rows | {train_n:,} x {val_n:,} | - | "
+          f"{brute:.0f} | - | - |")
+    assert len(pairs) >= planted, "a planted near copy was missed"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", type=int, default=1_281_167)
+    ap.add_argument("--val", type=int, default=50_000)
+    ap.add_argument("--planted", type=int, default=500)
+    ap.add_argument("--brute-rows", type=int, default=2000)
+    ap.add_argument("--bases", type=int, default=200, help="base images for the planted edits")
+    ap.add_argument("--skip-quality", action="store_true")
+    args = ap.parse_args()
+    if not args.skip_quality:
+        source, datas = images()
+        print(f"# near-duplicate benchmark ({source})")
+        hashed = bench_fingerprint(datas)
+        bench_convert_cost(datas)
+        bench_quality(datas, hashed, min(args.bases, len(datas)))
+    bench_search(args.train, args.val, args.planted, args.brute_rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -265,9 +265,13 @@ def tree_stat(folder: Path) -> dict[str, Any]:
     digest, files, size = hashlib.sha256(), 0, 0
     for top, dirs, names in os.walk(folder):
         dirs.sort()
+        rel = os.path.relpath(top, folder)
         for name in sorted(names):
-            path = Path(top, name)
-            key = stat_key(path) if path.exists() else {"size": -1, "mtime_ns": 0, "inode": 0}  # a broken link
-            digest.update(f"{path.relative_to(folder)}\0{key['size']}\0{key['mtime_ns']}\0{key['inode']}\n".encode())
-            files, size = files + 1, size + max(key["size"], 0)
+            try:
+                st = os.stat(os.path.join(top, name))  # a link is followed, as the extract stage reads it
+                key = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+            except OSError:  # a broken link: recorded as such
+                st, key = None, "missing"
+            digest.update(f"{rel}/{name}\0{key}\n".encode())
+            files, size = files + 1, size + (st.st_size if st else 0)
     return {"path": str(folder), "files": files, "bytes": size, "stat_sha256": digest.hexdigest()}

@@ -41,7 +41,7 @@ def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]
     fetch = fetch_archive.with_options(retry_delay_seconds=4 * job.opts.backoff_s)
     for name, source in job.fetched().items():
         records[name] = fetch(name, source, job.raw_dir, job.opts, job.cache_file, job.root)
-    write_download_json(job.raw_dir, job.source, records)
+    write_download_json(job.raw_dir, job.source, records, job.folder)
     return records
 
 

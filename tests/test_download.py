@@ -48,6 +48,7 @@ def test_three_drops_resume_with_range_and_identical_bytes(server, payload, tmp_
     record = _fetch(server, tmp_path / "raw")
     out = tmp_path / "raw" / NAME
     assert out.read_bytes() == payload.read_bytes()
+    assert record.pop("stat") == md5state.stat_key(out)
     assert record == {"source": f"{server.url}/{NAME}", "bytes": 1 << 20, "md5": _md5(payload), "method": "http"}
     ranges = [r for m, _p, r in server.requests if m == "GET"]
     assert ranges == [None, "bytes=100000-", "bytes=300000-", "bytes=600000-"]
@@ -65,7 +66,7 @@ def test_not_found_fails_at_once_with_a_clear_error(server, tmp_path):
     with pytest.raises(PipelineError, match=r"expected the archive, found HTTP 404") as err:
         _fetch(server, tmp_path / "raw", path="/missing.tar")
     assert "download.source" in str(err.value)
-    assert [m for m, _p, _r in server.requests] == ["GET"]  # a 404 is not retried
+    assert [m for m, _p, _r in server.requests] == ["HEAD"]  # a 404 (from HEAD, asked for the size) is not retried
     with pytest.raises(PipelineError, match="found nothing"):
         dl.fetch_archive(NAME, str(tmp_path / "nowhere" / NAME), tmp_path / "raw", FAST, tmp_path / "c.json")
     with pytest.raises(PipelineError, match=r"nowhere/ILSVRC2012_img_train.tar, .*nowhere/ILSVRC2012_img_val.tar, "
@@ -95,8 +96,10 @@ def test_md5_mismatch_is_quarantined(server, payload, tmp_path):
     server.corrupt.add(f"/{NAME}")
     record = _fetch(server, raw)
     assert record["md5"] != _md5(payload)
+    result = check_archive(NAME, raw, _md5(payload), cache, "official", progress=False)
+    assert result["ok"] is False
     with pytest.raises(PipelineError) as err:
-        check_archive(NAME, raw, _md5(payload), cache, "official", progress=False)
+        write_verify_json(raw, "official", {NAME: result})
     message = str(err.value)
     assert str(raw / NAME) in message and _md5(payload) in message and record["md5"] in message
     assert "download the archive again" in message
@@ -161,6 +164,8 @@ def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeyp
     def cross_device(*_args):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
+    (raw / NAME).unlink()  # a link already in place is kept as it is
+
     monkeypatch.setattr(dl.os, "link", cross_device)
     record = dl.fetch_archive(NAME, str(src), raw, FAST, cache)
     assert record["method"] == "symlink" and (raw / NAME).resolve() == src.resolve()
@@ -205,7 +210,7 @@ def test_s3_through_moto(payload, tmp_path, monkeypatch):
         raw = tmp_path / "raw"
         assert dl.space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
         record = dl.fetch_archive(NAME, sources[NAME], raw, FAST, tmp_path / "c.json")
-        assert record == {"source": sources[NAME], "bytes": 1 << 20, "md5": _md5(payload), "method": "fsspec"}
+        assert record.pop("stat") == md5state.stat_key(raw / NAME) and record == {"source": sources[NAME], "bytes": 1 << 20, "md5": _md5(payload), "method": "fsspec"}
         with pytest.raises(PipelineError, match="found nothing there"):
             dl.fetch_archive(NAME, "s3://ilsvrc/releases/missing.tar", raw, FAST, tmp_path / "c.json")
     finally:

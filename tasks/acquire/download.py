@@ -4,10 +4,15 @@ Sources (params.yaml `download:`): `sample` (the built-in sample), a local path 
 when on the same filesystem, else symlinked — a 138 GB archive is never copied), `http(s)://` and any fsspec
 URL such as `s3://` (streamed by tasks.acquire.fetch: resumable, retried, MD5 while streaming). Free disk space is
 checked against what is still to fetch before anything is written. `download.json` records, per archive, the
-source (credentials redacted), size, MD5 when it was computed on the way in, and how the file was obtained."""
+source (credentials redacted), size, MD5 when it was computed on the way in, how the file was obtained and its
+`stat` (size, mtime_ns, inode). The stage runs on every `dvc repro` (`always_changed`): it only stats what is already
+in place, so download.json — and therefore every later stage — changes only when a source did (a replaced archive,
+a changed folder-mode tree: `folder` holds a digest of every file's path, size, mtime_ns and inode). In folder mode
+no archive (and no sample) is made."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import urllib.request
@@ -17,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.acquire.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
-from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5
+from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5, stat_key
 from tasks.acquire.sample import MD5_TABLE, write_sample
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
 from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
@@ -34,6 +39,7 @@ __all__ = [
     "link_local",
     "plan",
     "space_needed",
+    "tree_stat",
     "write_download_json",
 ]
 GB = 1e9
@@ -52,6 +58,7 @@ class Download:
     sources: dict[str, str]  # archive name -> "sample", a local path or a URL
     opts: FetchOptions
     sample: SampleParams
+    folder: Path | None = None  # folder mode (extract.mode: folder): the tree; no archive is made
 
     @property
     def uses_sample(self) -> bool:
@@ -64,15 +71,17 @@ class Download:
 
 def plan(project: Project) -> Download:
     """The stage's job from params.yaml `download:`, `sample:` and `paths:`."""
-    params = project.params.download
+    params, extract = project.params.download, project.params.extract
+    folder = project.resolve(extract.folder) if extract.mode == "folder" and extract.folder else None
     return Download(
         project.path("raw"),
         project.path("work") / CACHE_NAME,
         project.root,
         params.source,
-        archive_sources(params),
+        {} if folder else archive_sources(params),
         FetchOptions.from_params(params),
         project.params.sample,
+        folder,
     )
 
 
@@ -137,6 +146,8 @@ def link_local(source: str, dest: Path, root: Path = Path(".")) -> str:
             f"{'a directory' if src.is_dir() else 'nothing'}. Set download.source to the "
             "directory holding the three official archives (or the per-archive path) in params.yaml."
         )
+    if _same_file(dest, src):  # already in place: nothing touched, so DVC and verify see the same file
+        return "symlink" if dest.is_symlink() else "hardlink"
     with atomic_path(dest) as tmp:
         try:
             os.link(src, tmp)
@@ -145,6 +156,13 @@ def link_local(source: str, dest: Path, root: Path = Path(".")) -> str:
             os.symlink(src.resolve(), tmp)
             how = "symlink"
     return how
+
+
+def _same_file(dest: Path, src: Path) -> bool:
+    try:
+        return dest.exists() and os.path.samefile(dest, src)
+    except OSError:
+        return False
 
 
 def _unchanged_download(dest: Path, source: str, cache_file: Path) -> str | None:
@@ -168,23 +186,45 @@ def fetch_archive(
     how = kind(source)
     if how == "local":
         method = link_local(source, dest, root)
-        return {"source": source, "bytes": dest.stat().st_size, "md5": None, "method": method}
+        return {"source": source, "bytes": dest.stat().st_size, "md5": None, "method": method, "stat": stat_key(dest)}
     md5 = _unchanged_download(dest, source, cache_file)
     if md5 is None:
         raw_dir.mkdir(parents=True, exist_ok=True)
         _size, md5 = resumable_download(source, dest, opts)
         remember_md5(dest, md5, cache_file, _origin(source))
-    return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
+    return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how, "stat": stat_key(dest)}
 
 
 def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[str, dict[str, Any]]:
-    """Write the built-in sample into raw_dir; returns the download.json records of its archives."""
-    md5s = write_sample(raw_dir, sample.classes, sample.train_per_class, sample.val_per_class, sample.seed)
+    """Write the built-in sample into raw_dir (unless it is there, unchanged, for the same `sample:` params);
+    returns the download.json records of its archives."""
+    origin = "sample " + ",".join(f"{k}={v}" for k, v in sorted(sample.model_dump().items()))
+    md5s = _intact_sample(raw_dir, cache_file, origin)
+    if md5s is None:
+        md5s = write_sample(raw_dir, sample.classes, sample.train_per_class, sample.val_per_class, sample.seed)
+        for name, md5 in md5s.items():
+            remember_md5(raw_dir / name, md5, cache_file, origin)
     records = {}
     for name, md5 in md5s.items():
-        remember_md5(raw_dir / name, md5, cache_file, "sample")
-        records[name] = {"source": "sample", "bytes": (raw_dir / name).stat().st_size, "md5": md5, "method": "sample"}
+        path = raw_dir / name
+        records[name] = {"source": "sample", "bytes": path.stat().st_size, "md5": md5, "method": "sample"}
+        records[name]["stat"] = stat_key(path)
     return records
+
+
+def _intact_sample(raw_dir: Path, cache_file: Path, origin: str) -> dict[str, str] | None:
+    """The sample's MD5s when raw_dir still holds the very files written for these params (by stat), else None."""
+    if not (raw_dir / MD5_TABLE).is_file():
+        return None
+    md5s = {}
+    for name in ARCHIVES.values():
+        if not (raw_dir / name).is_file() or (raw_dir / name).is_symlink():
+            return None
+        md5, seen = cached_md5(raw_dir / name, cache_file)
+        if md5 is None or seen != origin:
+            return None
+        md5s[name] = md5
+    return md5s
 
 
 def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cache_file: Path) -> dict[str, int]:
@@ -198,10 +238,40 @@ def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cac
     return needed
 
 
-def write_download_json(raw_dir: Path, source: str, records: dict[str, dict[str, Any]]) -> Path:
-    """download.json (docs/CONTRACTS.md), plus one printed line per archive."""
+def write_download_json(
+    raw_dir: Path, source: str, records: dict[str, dict[str, Any]], folder: Path | None = None
+) -> Path:
+    """download.json (docs/CONTRACTS.md), plus one printed line per archive (folder mode: the tree's digest)."""
     for name, r in sorted(records.items()):
         print(f"{name}: {r['bytes']:,} bytes, {r['method']} from {r['source']}")
     if any(r["method"] != "sample" for r in records.values()):
         (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
-    return write_json(raw_dir / "download.json", {"source": redact(source), "archives": records})
+    doc: dict[str, Any] = {"source": redact(source), "archives": records}
+    if folder is not None:
+        doc = {"source": "folder", "archives": {}, "folder": tree_stat(folder)}
+        print(f"folder mode: {doc['folder']['files']:,} files under {folder}, no archive needed")
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    return write_json(raw_dir / "download.json", doc)
+
+
+def tree_stat(folder: Path) -> dict[str, Any]:
+    """A cheap identity of a folder-mode tree: a digest of every file's relative path, size, mtime_ns and inode
+    (a sorted walk; no file is read), so any added, removed or replaced file changes it."""
+    if not folder.is_dir():
+        raise PipelineError(
+            f"params.yaml extract.folder: expected a directory holding train/<wnid>/* and val/<wnid>/*, found "
+            f"{'a file' if folder.exists() else 'nothing'} at {folder}; fix extract.folder"
+        )
+    digest, files, size = hashlib.sha256(), 0, 0
+    for top, dirs, names in os.walk(folder):
+        dirs.sort()
+        rel = os.path.relpath(top, folder)
+        for name in sorted(names):
+            try:
+                st = os.stat(os.path.join(top, name))  # a link is followed, as the extract stage reads it
+                key = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
+            except OSError:  # a broken link: recorded as such
+                st, key = None, "missing"
+            digest.update(f"{rel}/{name}\0{key}\n".encode())
+            files, size = files + 1, size + (st.st_size if st else 0)
+    return {"path": str(folder), "files": files, "bytes": size, "stat_sha256": digest.hexdigest()}

@@ -2,8 +2,11 @@
 
 Bytes go to `<dest>.part`, are hashed (MD5) while they arrive and the file is renamed onto `dest` only when
 complete. A dropped connection, a 5xx, a stall past the timeout or a short body is retried with exponential
-backoff (bounded), resuming from what `.part` holds; a 4xx or a write failure is not retried. Credentials come
-from the URL, netrc, the environment or the fsspec config and are redacted wherever a source is shown."""
+backoff (bounded), resuming from what `.part` holds; a 4xx or a write failure is not retried. A body is short when
+it holds fewer bytes than the response announced or, when it announced nothing (no Content-Length), than HEAD
+said before. Each failed attempt is one log line (reason, byte reached, retry n/m, delay). Credentials come from
+~/.netrc, the environment or the fsspec config (params.yaml refuses user info in a URL; a URL given in code is
+redacted wherever a source is shown)."""
 
 from __future__ import annotations
 
@@ -142,7 +145,26 @@ def _raw_chunks(resp: requests.Response, size: int) -> Iterator[bytes]:
         while block := resp.raw.read1(size, decode_content=False):
             yield block
     except urllib3.exceptions.HTTPError as err:
-        raise _Transient(f"{type(err).__name__}: {err}") from None
+        raise _Transient(_reason(err)) from None
+
+
+def _reason(err: BaseException) -> str:
+    """A failed attempt in a few words: urllib3 and requests nest the cause several levels deep, repeating the
+    URL and the object reprs (`ProtocolError('Connection broken: IncompleteRead(...)', IncompleteRead(...))`)."""
+    if isinstance(err, _Transient):
+        return str(err)
+    root, seen = err, 0
+    while seen < 8:  # the innermost exception: MaxRetryError.reason, ProtocolError's second arg, __cause__
+        nested = getattr(root, "reason", None) or next((a for a in root.args if isinstance(a, BaseException)), None)
+        nested = nested if isinstance(nested, BaseException) else root.__cause__ or root.__context__
+        if nested is None or nested is root:
+            break
+        root, seen = nested, seen + 1
+    what = {"ProtocolError": "connection broken", "ReadTimeoutError": "read timed out"}.get(
+        type(err).__name__, type(err).__name__
+    )
+    detail = root.strerror if isinstance(root, OSError) and root.strerror else type(root).__name__
+    return what if root is err else f"{what} ({detail})"
 
 
 def _http_stream(url: str, offset: int, opts: FetchOptions) -> Stream:
@@ -249,9 +271,11 @@ def _open_part(held: _Held) -> io.FileIO:
         raise _write_error(held.part, err) from None
 
 
-def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm) -> None:
-    """One request: append what arrives to `.part` (unbuffered, so a write error surfaces at once)."""
+def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm, expected: int | None = None) -> None:
+    """One request: append what arrives to `.part` (unbuffered, so a write error surfaces at once). `expected`
+    (HEAD's size) stands in when the response does not say how many bytes it holds."""
     start, total, chunks, closable = open_stream(held.size)
+    total = expected if total is None else total
     with closable:
         if start != held.size:  # the server ignored Range: start over
             held.restart()
@@ -266,13 +290,14 @@ def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm) -> No
                 held.size += len(block)
                 bar.update(len(block))
     if total is not None and held.size < total:
-        raise _Transient(f"connection closed after {held.size} of {total} bytes")
+        raise _Transient(f"connection closed after {held.size:,} of {total:,} bytes")
 
 
 def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int, str]:
     """Stream `source` into `dest` via `dest.part` (resumed, retried); returns (bytes, md5)."""
     opener = _http_stream if kind(source) == "http" else _fsspec_stream
     held = _Held(part_path(dest), opts.chunk_bytes)
+    expected = remote_size(source, opts) if opener is _http_stream else None  # fsspec always knows the size
     with tqdm(
         unit="B",
         unit_scale=True,
@@ -284,12 +309,12 @@ def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int
     ) as bar:
         for attempt in range(opts.retries + 1):
             try:
-                _attempt(lambda offset: opener(source, offset, opts), held, bar)
+                _attempt(lambda offset: opener(source, offset, opts), held, bar, expected)
                 break
             except PipelineError:
                 raise
             except (_Transient, requests.RequestException, TimeoutError, ConnectionError) as err:
-                why = scrub(f"{type(err).__name__}: {str(err)[:300]}", source)
+                why = scrub(_reason(err), source)
                 if attempt == opts.retries:
                     raise RetryableError(
                         f"{redact(source)}: expected the whole archive, the transfer failed {attempt + 1} times "
@@ -298,13 +323,13 @@ def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int
                     ) from None
                 delay = opts.backoff_s * 2**attempt
                 log.warning(
-                    "%s: %s; retry %d/%d in %.1fs from byte %d",
+                    "%s: %s at byte %s; retry %d/%d in %.1f s",
                     dest.name,
                     why,
+                    f"{held.size:,}",
                     attempt + 1,
                     opts.retries,
                     delay,
-                    held.size,
                 )
                 time.sleep(delay)
     os.replace(held.part, dest)

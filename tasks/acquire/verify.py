@@ -2,8 +2,10 @@
 
 An MD5 computed while downloading, or by an earlier verify / DVC, is reused when the file is unchanged since
 (size, mtime_ns, inode — see tasks.acquire.md5state); otherwise the file is read once. A mismatch moves the file aside
-to `<name>.corrupt` (so nothing downstream can read it) and fails with the file, both MD5s and what to do.
-`verify.json` is written only when every archive matched."""
+to `<name>.corrupt` (so nothing downstream can read it; an older `.corrupt` is replaced, and removed once the
+archive matches again); every archive is checked, then the stage fails naming each bad one with both MD5s and what
+to do. `verify.json` is written only when every archive matched. In folder mode (download.json has `folder`) there
+is no archive: verify.json carries the tree's digest, so the extract stage reruns when the tree changes."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tupl
 
     Also removes a previous verify.json: only a run where every archive matched writes one."""
     (raw_dir / "verify.json").unlink(missing_ok=True)
+    if _folder(raw_dir) is not None:
+        return "none (folder mode)", {}
     if checksums == "auto":
         download = raw_dir / "download.json"
         methods = (
@@ -75,12 +79,30 @@ def archive_md5(path: Path, cache_file: Path, progress: bool = True) -> tuple[st
     return md5, "computed"
 
 
+def _corrupt_path(path: Path) -> Path:
+    return path.with_name(path.name + ".corrupt")
+
+
 def quarantine(path: Path, cache_file: Path) -> Path:
-    """Move a bad archive aside so nothing downstream can read it under its real name."""
+    """Move a bad archive aside so nothing downstream can read it under its real name.
+
+    An older `.corrupt` goes first: renaming one hard link onto another of the same file (a re-linked corrupt
+    source) is a no-op in POSIX, which would leave the bad archive under its real name."""
     forget_md5(path, cache_file)
-    corrupt = path.with_name(path.name + ".corrupt")
+    corrupt = _corrupt_path(path)
+    corrupt.unlink(missing_ok=True)
     os.replace(path, corrupt)
+    if path.exists() or path.is_symlink():  # never claim "moved" while the real name still opens it
+        raise PipelineError(f"{path}: expected to move this bad archive to {corrupt}, found it still there; delete it")
     return corrupt
+
+
+def clear_quarantine(path: Path) -> None:
+    """The archive matches now: a `.corrupt` left by an earlier run is no longer needed."""
+    corrupt = _corrupt_path(path)
+    if corrupt.exists() or corrupt.is_symlink():
+        corrupt.unlink()
+        print(f"{corrupt}: removed (the archive matches now)")
 
 
 def check_archive(
@@ -97,19 +119,40 @@ def check_archive(
     md5, origin = archive_md5(path, cache_file, progress)
     if md5 != expected:
         linked = f" (it is a link to {path.resolve()}: that copy is damaged)" if path.is_symlink() else ""
+        size = path.stat().st_size
         corrupt = quarantine(path, cache_file)
-        raise PipelineError(
-            f"{path}: expected MD5 {expected} ({table} table), found {md5}{linked}. The file was moved to "
-            f"{corrupt}. Delete it and download the archive again (re-run `dvc repro`), or point "
-            "download.source at an intact copy; with verify.checksums set to a table, check that table."
+        error = (
+            f"{path}: expected MD5 {expected} ({table} table), found {md5}{linked}. The file was moved to {corrupt}."
         )
+        return {"md5": md5, "expected": expected, "bytes": size, "ok": False, "md5_from": origin, "error": error}
+    clear_quarantine(path)
     return {"md5": md5, "expected": expected, "bytes": path.stat().st_size, "ok": True, "md5_from": origin}
 
 
 def write_verify_json(raw_dir: Path, table: str, results: dict[str, dict[str, Any]]) -> Path:
-    """verify.json (docs/CONTRACTS.md) from check_archive's results; how each MD5 was obtained is only printed."""
+    """verify.json (docs/CONTRACTS.md) from check_archive's results; how each MD5 was obtained is only printed.
+    Fails (writing nothing) naming every archive that did not match."""
+    bad = [r["error"] for _name, r in sorted(results.items()) if not r["ok"]]
+    if bad:
+        raise PipelineError(
+            f"{len(bad)} of {len(results)} archives do not match:\n"
+            + "\n".join(f"  - {line}" for line in bad)
+            + "\nDelete the .corrupt files and download the archive again (each one named above: re-run `dvc repro`), "
+            "or point download.source at intact copies; with verify.checksums set to a table, check that table."
+        )
     archives = {name: {k: v for k, v in r.items() if k != "md5_from"} for name, r in results.items()}
     for name, r in sorted(results.items()):
         how = "computed now" if r["md5_from"] == "computed" else f"reused: {r['md5_from']}"
         print(f"{name}: MD5 {r['md5']} matches the {table} table ({how})")
-    return write_json(raw_dir / "verify.json", {"archives": archives, "checksums": table})
+    folder = _folder(raw_dir)
+    extra = {"folder": folder} if folder is not None else {}
+    return write_json(raw_dir / "verify.json", {"archives": archives, "checksums": table, **extra})
+
+
+def _folder(raw_dir: Path) -> dict[str, Any] | None:
+    """download.json's `folder` entry (folder mode: the tree's digest), else None."""
+    download = raw_dir / "download.json"
+    if not download.is_file():
+        return None
+    folder: dict[str, Any] | None = json.loads(download.read_text(encoding="utf-8")).get("folder")
+    return folder

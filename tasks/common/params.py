@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -68,6 +69,18 @@ class DownloadParams(Section):
     backoff_s: float = Field(ge=0, le=3600, json_schema_extra=SPEED_ONLY)
     timeout_s: float = Field(gt=0, le=86400, json_schema_extra=SPEED_ONLY)
     chunk_mb: float = Field(gt=0, le=1024, json_schema_extra=SPEED_ONLY)
+
+    @field_validator("source", "train", "val", "devkit")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        """params.yaml is committed and DVC copies these values into dvc.lock: a URL must not carry user info."""
+        if value and "@" in urlsplit(value).netloc:
+            raise ValueError(
+                "expected a URL without user info (user:password@), found credentials in it (not shown); "
+                "params.yaml and dvc.lock are committed. Put them in ~/.netrc (HTTP), the environment "
+                "(AWS_ACCESS_KEY_ID / AWS_PROFILE for s3://) or the fsspec config (FSSPEC_S3_* variables)"
+            )
+        return value
 
 
 class VerifyParams(Section):
@@ -159,7 +172,7 @@ class Params(BaseModel):
 
 # The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
 STAGE_SECTIONS = {
-    "download": ("download", "sample"),
+    "download": ("download", "sample", "extract.mode", "extract.folder"),  # folder mode: no archive, the tree's stat
     "verify": ("verify",),
     "extract": ("extract",),
     "convert": ("convert",),
@@ -191,6 +204,9 @@ def dvc_params(stage: str) -> list[str]:
     """What dvc.yaml lists as `params:` for `stage`: a whole section, or its output keys when some are speed-only."""
     listed: list[str] = []
     for section in STAGE_SECTIONS[stage]:
+        if "." in section:  # one key of another section
+            listed.append(section)
+            continue
         keys = output_keys(section)
         listed += [section] if keys == list(SECTIONS[section].model_fields) else [f"{section}.{k}" for k in keys]
     return listed

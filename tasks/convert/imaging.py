@@ -1,7 +1,12 @@
 """Encoding policy for one image: keep the archive's bytes when they are a clean JPEG, change only what must change.
 
 `encode_image(data, policy)` returns the bytes to store plus what was found and done, or raises `BadImage` with a
-short reason (the image is then quarantined, never written)."""
+short reason (the image is then quarantined, never written).
+
+A JPEG must hold at least one bit of entropy-coded data per 8x8 block it declares (every block starts with a
+Huffman-coded DC difference, and a Huffman code is at least one bit long): fewer bytes than `blocks / 8` cannot be a
+complete image, whatever its content — a tiny file declaring huge dimensions (678 bytes for 12000x12000, which a
+loader would inflate to 432 MB) is quarantined as `implausible_size` instead of being stored byte-for-byte."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from tasks.convert.jpeg_header import read_header
 ORIENTATION_TAG = 0x0112
 # Steps are named in the vocabulary of imagenet_parquet.format.TRANSFORM_PATTERN (validate checks shards against it).
 PASSTHROUGH_MODES = ("RGB", "L")  # JPEG modes every loader reads as-is (L: grayscale)
+MIN_BITS_PER_BLOCK = 1  # entropy-coded bits per 8x8 block a JPEG needs at least (module docstring)
 
 
 class BadImage(ValueError):
@@ -56,6 +62,8 @@ def encode_image(data: bytes, policy: Policy) -> Encoded:
     fmt = im.format or "unknown"
     orientation = _orientation(im)
     steps = _needed_steps(im, fmt, orientation, policy)
+    if fmt == "JPEG":
+        _require_plausible_size(data, im.width, im.height)
     if steps is None:
         if fmt == "JPEG":
             _require_end_marker(data)
@@ -73,6 +81,7 @@ def _keep_as_is(data: bytes, policy: Policy) -> Encoded | None:
         return None
     if head.width * head.height > policy.max_image_pixels:
         return None  # Pillow's path reports it
+    _require_plausible_size(data, head.width, head.height)
     if (policy.exif == "transpose" and head.orientation != 1) or (
         policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter
     ):
@@ -123,6 +132,16 @@ def _require_end_marker(data: bytes) -> None:
     """A complete JPEG has EOI (FFD9) after its last SOS (FFDA); neither can occur inside entropy-coded data."""
     if not (data.endswith(b"\xff\xd9") or data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda")):
         raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
+
+
+def _require_plausible_size(data: bytes, width: int, height: int) -> None:
+    """At least MIN_BITS_PER_BLOCK bits per 8x8 block declared (module docstring), or BadImage."""
+    blocks = -(-width // 8) * -(-height // 8)
+    if len(data) * 8 < blocks * MIN_BITS_PER_BLOCK:
+        raise BadImage(
+            f"implausible_size: {width}x{height} declared ({blocks} 8x8 blocks, at least {blocks // 8} bytes of "
+            f"image data) in a {len(data)}-byte file"
+        )
 
 
 def _needed_steps(im: Image.Image, fmt: str, orientation: int, policy: Policy) -> list[str] | None:

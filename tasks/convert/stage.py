@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ def prepare(job: Job) -> list[ShardPlan]:
             f"{job.manifests}: expected manifests {[f'{s}.parquet' for s in SPLITS]}, found none; "
             "run the extract stage first (`dvc repro extract`)"
         )
+    _check_free_space(job, plans)
     return plans
 
 
@@ -71,7 +73,14 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     rows = _rows(job, plan)
     schema = shard_schema(label_map, job.output_params(), plan.split)
     tally = _Tally(split=plan.split)
-    count = write_shard(shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally))
+    try:
+        count = write_shard(shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally))
+    except OSError as err:  # ENOSPC, EROFS, EACCES... (write_shard leaves no partial file under the final name)
+        raise PipelineError(
+            f"{shard.parent}: expected to write {shard.name} here, found {err.strerror or err} (errno {err.errno}); "
+            "free some space or make it writable, or point paths.parquet at another disk, then run again "
+            "(finished shards are kept)"
+        ) from None
     stats = {
         "key": plan.key,
         "shard": plan.name,
@@ -94,10 +103,13 @@ def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], se
     ordered = [by_shard[(p.split, p.name)] for p in plans]
     bad = [record for r in ordered for record in r["bad"]]
     write_text(job.parquet / BAD_IMAGES, "".join(json.dumps(b, sort_keys=True) + "\n" for b in bad))
-    metrics = _metrics(ordered, seconds)
-    write_json(job.metrics, metrics)
+    metrics = _metrics(ordered)
+    write_json(job.metrics, metrics)  # hashed by DVC (dvc.lock): counts only, the same for the same inputs
+    timings = _timings(ordered, seconds)  # vary run to run: scratch, not tracked
+    write_json(job.work / "logs" / "convert.json", timings)
+    print(f"convert: {timings['seconds']:.1f} s, {timings['images_per_s']} img/s, {timings['mb_per_s']} MB/s")
     _check_bad_fraction(job, metrics)
-    return metrics
+    return {**metrics, **timings}
 
 
 class Progress:
@@ -254,7 +266,7 @@ def _digest(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _metrics(results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+def _metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
     splits: dict[str, dict[str, int]] = {}
     for r in results:
         s = splits.setdefault(
@@ -265,17 +277,40 @@ def _metrics(results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         s["shards"] += 1
         for key in ("image_bytes", "file_bytes", "input_bytes"):
             s[key] += r[key]
-    fresh = [r for r in results if not r["resumed"]]
-    done = sum(r["count"] + len(r["bad"]) for r in fresh)
     return {
         "splits": splits,
         "rows": sum(s["rows"] for s in splits.values()),
         "bad_images": sum(s["bad_images"] for s in splits.values()),
+    }
+
+
+def _timings(results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """How fast this run was (and how much it resumed): `<paths.work>/logs/convert.json`, never a DVC metric."""
+    fresh = [r for r in results if not r["resumed"]]
+    done = sum(r["count"] + len(r["bad"]) for r in fresh)
+    return {
         "resumed_shards": len(results) - len(fresh),
         "seconds": round(seconds, 3),
         "images_per_s": round(done / seconds, 1) if seconds > 0 else 0.0,
         "mb_per_s": round(sum(r["input_bytes"] for r in fresh) / 1e6 / seconds, 1) if seconds > 0 else 0.0,
     }
+
+
+SPACE_MARGIN = 64 << 20  # room left for everything else on the disk
+
+
+def _check_free_space(job: Job, plans: list[ShardPlan]) -> None:
+    """Fail before converting when the shards still to write (about their input size) do not fit on the disk."""
+    present = sum(job.shard_path(p).stat().st_size for p in plans if job.shard_path(p).is_file())
+    needed = max(0, sum(p.input_bytes for p in plans) - present)
+    job.parquet.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(job.parquet).free
+    if needed + SPACE_MARGIN > free:
+        raise PipelineError(
+            f"{job.parquet}: expected {needed:,} bytes free for the shards (+ {SPACE_MARGIN >> 20} MiB margin; "
+            f"about the images' input size), found {free:,} bytes free; free some space or point paths.parquet "
+            "at a larger disk, then run again"
+        )
 
 
 def _check_bad_fraction(job: Job, metrics: dict[str, Any]) -> None:

@@ -30,7 +30,8 @@ def read_class_list(spec: str | os.PathLike[str] | None, root: Path = Path("."))
     """`all` (or None) → None; `imagenet100` → the shipped CMC list; else a file of one wnid per line (a relative
     path against `root`, the project).
 
-    Blank lines and `#` comments are ignored; a malformed or repeated wnid fails naming the line."""
+    Blank lines and `#` comments are ignored; a malformed, repeated or unknown wnid (not one of the 1000 ILSVRC2012
+    classes of tasks/common/data/synsets.tsv) fails naming the line — before any archive is scanned."""
     if spec is None or str(spec) == "all":
         return None
     path = SUBSETS.get(str(spec), resolve_path(root, spec))
@@ -40,12 +41,15 @@ def read_class_list(spec: str | os.PathLike[str] | None, root: Path = Path("."))
             f"wnids, found {str(spec)!r} (no such file); fix the parameter"
         )
     wnids: list[str] = []
+    known = shipped_synsets()
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
-        if not WNID.match(text) or text in wnids:
+        if not WNID.match(text) or text in wnids or text not in known:
             problem = "a repeated wnid" if text in wnids else "not a wnid like n01440764"
+            if WNID.match(text) and text not in wnids:
+                problem = "not one of the 1000 ILSVRC2012 classes in tasks/common/data/synsets.tsv"
             raise PipelineError(
                 f"{path}:{number}: expected one wnid per line, found {text!r} ({problem}); fix the class list"
             )

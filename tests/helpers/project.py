@@ -2,8 +2,10 @@
 `dvc push` or a deployment (never on the checkout itself)."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,3 +28,18 @@ def copy_project(dest: Path) -> Path:
     subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
     subprocess.run([*GIT, "commit", "-qm", "copy"], cwd=dest, check=True)
     return dest
+
+
+VENV = Path(sys.prefix)  # the environment running the tests: the project's own .venv for a new user
+BARE_PATH = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir())
+
+
+def unactivated_dvc(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`.venv/bin/dvc ARGS` in `project` as a new user runs it: nothing activated, a PATH without the environment,
+    the project's `.venv` (a link to the test environment) the only way the stage commands find their Python."""
+    if not (project / ".venv").exists():
+        (project / ".venv").symlink_to(VENV)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")}
+    env["PATH"] = BARE_PATH
+    return subprocess.run([str(VENV / "bin" / "dvc"), *args], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=timeout)

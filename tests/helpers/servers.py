@@ -2,7 +2,8 @@
 fault injection, and a real Prefect server (plus pointing this process's Prefect client at it).
 
 RangeServer: faults are queued per URL path and each one is used by one GET: `("drop", n)` closes the connection
-after n body bytes, `("status", code)` answers with that status, `("stall", seconds)` sends a little then goes
+after n body bytes, `("cut", n)` sends no Content-Length (nor a total in Content-Range) and ends the body
+after n bytes as if it were complete, `("status", code)` answers with that status, `("stall", seconds)` sends a little then goes
 quiet, `("ignore_range",)` answers 200 with the whole file. `corrupt` (a set of paths) serves those files with a
 flipped byte on every request. Run standalone: `python tests/helpers/servers.py ROOT PORT`.
 
@@ -185,10 +186,14 @@ class _Handler(BaseHTTPRequestHandler):
             if start >= size:
                 return self._empty(416, {"Content-Range": f"bytes */{size}"})
             self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            total = "*" if fault and fault[0] == "cut" else size
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{total}")
         else:
             self.send_response(200)
-        self.send_header("Content-Length", str(size - start))
+        if fault and fault[0] == "cut":  # the body ends where the connection closes
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Content-Length", str(size - start))
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
         if body:
@@ -203,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self, file: Path, start: int, size: int, fault: tuple | None, corrupt: bool) -> None:
         count = size - start
-        if fault and fault[0] == "drop":
+        if fault and fault[0] in ("drop", "cut"):
             count = min(count, fault[1])
         if fault and fault[0] == "stall":
             count = min(count, 1024)

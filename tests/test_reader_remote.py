@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -22,6 +20,7 @@ from tasks.convert.writer import ShardWriter
 from tests.helpers.datasets import write_shards
 from tests.helpers.images import identify
 from tests.helpers.project import GIT
+from tests.helpers.range_files import serving
 from tests.helpers.servers import free_port
 
 TOTAL = 60
@@ -59,52 +58,10 @@ def project(tmp_path_factory) -> dict[str, Path]:
     return {"repo": repo, "remote": remote, "node": root / "node"}
 
 
-class _RangeFiles(SimpleHTTPRequestHandler):
-    """Static files with single `bytes=a-b` ranges (what fsspec's HTTP filesystem sends); logs (path, Range)."""
-
-    log: list[tuple[str, str | None]]
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def send_head(self):  # type: ignore[override]
-        path = Path(self.translate_path(self.path))
-        type(self).log.append((self.path, self.headers.get("Range")))
-        if not path.is_file():
-            self.send_error(404)
-            return None
-        size = path.stat().st_size
-        fh = open(path, "rb")
-        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
-        if match:
-            start, end = int(match[1]), min(int(match[2] or size - 1), size - 1)
-            fh.seek(start)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.range_left = end - start + 1
-        else:
-            self.send_response(200)
-            self.range_left = size
-        self.send_header("Content-Length", str(self.range_left))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        return fh
-
-    def copyfile(self, source, outputfile) -> None:  # type: ignore[override]
-        outputfile.write(source.read(self.range_left))
-
-
 @pytest.fixture
 def http_remote(project):
-    handler = type("Handler", (_RangeFiles,), {"log": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(project["remote"])))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler.log
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(project["remote"]) as (url, log):
+        yield url, log
 
 
 def _local(project, split="train", **kw) -> ParquetIterableDataset:

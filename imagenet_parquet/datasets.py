@@ -122,15 +122,10 @@ class _ShardedImages:
         Credentials come from the environment as for any fsspec/boto client. Row groups are fetched by range
         requests when first read, by the process that reads them, into a local cache of at most `cache_gb`
         (`cache_dir`, default ~/.cache/imagenet-parquet). `kwargs` go to the dataset (transform, seed, ...)."""
-        from .dvcremote import find_remote, list_shards, lock_out
-        from .remote import RemoteShards, default_cache_dir
+        from .remote import open_dvc
 
-        where, path = Path(repo), f"{path.rstrip('/')}/{split}" if split else path
-        out, md5 = lock_out(where, path, rev)
-        spot = find_remote(where, rev, remote)
-        entries = list_shards(spot, spot.filesystem(), out, md5, path)
-        shards = RemoteShards(spot, entries, Path(cache_dir) if cache_dir else default_cache_dir(), int(cache_gb * 1e9))
-        return cls(shards, **kwargs)
+        target = f"{path.rstrip('/')}/{split}" if split else path
+        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb), **kwargs)
 
     def __repr__(self) -> str:
         return (

@@ -14,24 +14,40 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .dvcremote import Remote, RemoteError
+from .dvcremote import Remote, RemoteError, find_remote, list_shards, lock_out
 from .format import decode_image_index, read_indexed
 from .shards import row_group_span
 
 TAIL_BYTES = 1 << 18  # first guess at the footer's size (label map + byte index: ~50-200 KB per shard)
 FETCH_THREADS = 16
+T = TypeVar("T")
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "imagenet-parquet"
+
+
+def open_dvc(
+    repo: Path,
+    path: str,
+    rev: str | None,
+    remote: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_gb: float,
+) -> RemoteShards:
+    """The RemoteShards of DVC-tracked `path` in checkout `repo` (see ParquetIterableDataset.from_dvc)."""
+    out, md5 = lock_out(repo, path, rev)
+    where = find_remote(repo, rev, remote)
+    entries = list_shards(where, where.filesystem(), out, md5, path)
+    return RemoteShards(where, entries, Path(cache_dir) if cache_dir else default_cache_dir(), int(cache_gb * 1e9))
 
 
 class RemoteShards:
@@ -131,9 +147,16 @@ class RemoteShards:
         self._evict(keep=path)
         return path
 
+    def _open(self, file: int, group: int, opener: Callable[[Path], T]) -> T:
+        """`opener(piece)`, fetching the piece again if another process evicted it in between."""
+        try:
+            return opener(self.piece(file, group))
+        except FileNotFoundError:
+            return opener(self.piece(file, group))
+
     def read_row_group(self, file: int, group: int, columns: Sequence[str]) -> pa.Table:
-        path = self.piece(file, group)
-        with pq.ParquetFile(path, metadata=self.footer(file)) as pf:
+        meta = self.footer(file)
+        with self._open(file, group, lambda path: pq.ParquetFile(path, metadata=meta)) as pf:
             return pf.read_row_group(group, columns=list(columns), use_threads=False)
 
     def read_image(self, file: int, group: int, row: int) -> bytes | None:
@@ -143,7 +166,7 @@ class RemoteShards:
         index = decode_image_index(meta.metadata, meta.num_rows, self.entries[file][0])
         if index is None:
             return None
-        fd = os.open(self.piece(file, group), os.O_RDONLY)
+        fd = self._open(file, group, lambda path: os.open(path, os.O_RDONLY))
         try:
             return read_indexed(fd, index[row], self.entries[file][0])
         finally:

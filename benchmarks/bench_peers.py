@@ -1,6 +1,7 @@
 """This reader beside its peers on the same images, warm and cold, side by side in one run (issue 13, item 3).
 
     python benchmarks/bench_peers.py [--images 5000] [--workers 2] [--batch-size 64] [--rounds 3] [--no-cold]
+    python benchmarks/bench_peers.py --grayscale      # grayscale JPEGs: stored as found vs as RGB (item 5)
 
 The images, the ImageFolder tree and the passthrough shards are bench_reader.py's (same `--work`, reused). Every
 tool gets the same per-sample work — PIL decode + convert("RGB") -> RandomResizedCrop(224) -> flip -> uint8 CHW
@@ -113,6 +114,34 @@ def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace)
     }
 
 
+def grayscale(samples: Path, repeats: int = 40) -> None:
+    """Issue 13 item 5: the grayscale sample JPEGs as found vs re-encoded as RGB JPEG, bytes and decode CPU."""
+    import time
+
+    gray = [p for p in sorted(samples.glob("*.JPEG")) if Image.open(p).mode == "L"]
+    totals = {"as found (mode L)": [0, 0.0], "RGB JPEG q90": [0, 0.0], "RGB JPEG q95": [0, 0.0]}
+    for path in gray:
+        data = path.read_bytes()
+        rgb = Image.open(io.BytesIO(data)).convert("RGB")
+        variants = {"as found (mode L)": data}
+        for quality in (90, 95):
+            buf = io.BytesIO()
+            rgb.save(buf, "JPEG", quality=quality)
+            variants[f"RGB JPEG q{quality}"] = buf.getvalue()
+        for name, blob in variants.items():
+            started = time.process_time()
+            for _ in range(repeats):
+                Image.open(io.BytesIO(blob)).convert("RGB")
+            totals[name][0] += len(blob)
+            totals[name][1] += (time.process_time() - started) / repeats * 1000
+    base_bytes, base_ms = totals["as found (mode L)"]
+    print(f"{len(gray)} grayscale JPEGs in {samples}\n")
+    print("| stored as | bytes (sum) | x as found | decode + convert('RGB') CPU ms (sum) | x as found |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (size, ms) in totals.items():
+        print(f"| {name} | {size:,} | {size / base_bytes:.2f} | {ms:.1f} | {ms / base_ms:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=5000)
@@ -123,7 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=Path, default=REPO.parent / "shared" / "data" / "imagenet-samples")
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
     parser.add_argument("--no-cold", action="store_true")
+    parser.add_argument("--grayscale", action="store_true", help="only the grayscale bytes/decode measurement")
     args = parser.parse_args(argv)
+    if args.grayscale:
+        return grayscale(args.samples)
     args.work = args.work / f"{args.images}-images"
     folder, shards, _, _ = prepare(args)
     everything = tools(folder, shards, args)

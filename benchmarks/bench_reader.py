@@ -222,7 +222,7 @@ class NoBatchHint(ParquetImageDataset):
     __getitems__ = None  # type: ignore[assignment]
 
 
-def remote_run(remote: tuple[Path, str], tf: Callable) -> Callable:
+def remote_run(remote: tuple[Path, str], tf: Callable, read_ahead: int = 2) -> Callable:
     """from_dvc over HTTP with an empty cache; the first-batch time counts from the from_dvc call."""
     checkout, url = remote
 
@@ -231,7 +231,8 @@ def remote_run(remote: tuple[Path, str], tf: Callable) -> Callable:
         shutil.rmtree(cache, ignore_errors=True)
         started = time.perf_counter()
         ds = ParquetIterableDataset.from_dvc(checkout, "data/parquet/train", remote=url, transform=tf, seed=1,
-                                             cache_dir=cache, cache_gb=5)
+                                             cache_dir=cache, cache_gb=5, read_ahead=read_ahead,
+                                             shuffle_buffer=args.shuffle_buffer)
         opened = time.perf_counter() - started
         rate, per_cpu, seen, first = epoch(ds, args)
         return rate, per_cpu, seen, opened + first
@@ -284,8 +285,8 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
         return run
 
     def iterable(root: Path, read_ahead: int = 2) -> Callable:
-        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=tf, seed=1, read_ahead=read_ahead),
-                                  args)
+        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=tf, seed=1, read_ahead=read_ahead,
+                                                         shuffle_buffer=args.shuffle_buffer), args)
 
     return {
         "folder of JPEGs (ImageFolder equivalent)": lambda args: epoch(FolderDataset(folder, tf), args, shuffle=True),
@@ -297,6 +298,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
         "reader iterable (shuffle buffer 1000)": iterable(shards),
         "reader iterable, read_ahead=0": iterable(shards, read_ahead=0),
         "remote (HTTP loopback): reader iterable": remote_run(remote, tf),
+        "remote (HTTP loopback): reader iterable, read_ahead=0": remote_run(remote, tf, read_ahead=0),
         "reader iterable + draft_size=224": lambda args: epoch(
             ParquetIterableDataset(shards, "train", transform=tf, seed=1, draft_size=224), args),
         "resized-256: ceiling (bytes in RAM)": ceiling(resized),
@@ -314,6 +316,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
     parser.add_argument("--rounds", type=int, default=3, help="warm runs per loader, interleaved; the best counts")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (they need root)")
+    parser.add_argument("--shuffle-buffer", type=int, default=1000, help="the iterable readers' shuffle buffer")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the folder and ceiling loaders")
+    parser.add_argument("--remote-mbps", type=float, default=0.0,
+                        help="cap the loopback remote's rate per response (MB/s; 0 = no cap): a slow link")
     parser.add_argument("--only", default="", help="run only loaders whose name contains one of these comma-separated "
                         "texts (+ the folder and ceiling baselines)")
     args = parser.parse_args(argv)
@@ -321,13 +327,15 @@ def main(argv: list[str] | None = None) -> None:
     args.work = args.work / f"{args.images}-images"
     folder, shards, resized, small = prepare(args)
     checkout = dvc_remote(args.work, shards)
-    server = subprocess.Popen([sys.executable, "-m", "tests.helpers.range_files", str(args.work / "remote")],
+    server = subprocess.Popen([sys.executable, "-m", "tests.helpers.range_files", str(args.work / "remote"), "0",
+                               str(args.remote_mbps)],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().strip()
         runs = {name: run for name, run in loaders(folder, shards, resized, small, RandomResizedCropFlip(),
                                                    (checkout, url)).items()
-                if any(t in name for t in args.only.split(",")) or "ceiling" in name or name.startswith("folder")}
+                if any(t in name for t in args.only.split(","))
+                or not args.no_baselines and ("ceiling" in name or name.startswith("folder"))}
         warm([Path(p) for p, _ in folder] + sorted(args.work.joinpath("shards").rglob("*.parquet")))
         results = run_rounds("warm", runs, args)
         if not args.no_cold:
@@ -356,7 +364,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path
 COLD = ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
         "reader map-style, random, no batch WILLNEED", "reader map-style, RowGroupSampler",
         "reader iterable (shuffle buffer 1000)", "reader iterable, read_ahead=0", "resized-256: reader iterable",
-        "remote (HTTP loopback): reader iterable"]
+        "remote (HTTP loopback): reader iterable", "remote (HTTP loopback): reader iterable, read_ahead=0"]
 
 
 def run_rounds(cache: str, runs: dict[str, Callable], args: argparse.Namespace) -> list[Result]:
@@ -390,9 +398,9 @@ def print_table(results: list[Result]) -> None:
           "x ceiling | first batch s | load avg |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
-        ceil = by[("warm", "resized-256: ceiling (bytes in RAM)" if r.name.startswith("resized")
-                   else "decode-only ceiling (bytes in RAM)")]
-        base = by.get((r.cache, folder), by[("warm", folder)])
+        ceil = by.get(("warm", "resized-256: ceiling (bytes in RAM)" if r.name.startswith("resized")
+                       else "decode-only ceiling (bytes in RAM)"), r)
+        base = by.get((r.cache, folder), by.get(("warm", folder), r))
         own = by.get(("warm", r.name), r)
         if r.name.startswith("remote"):  # streaming from the remote vs the same reader on local, warm files
             own = by.get(("warm", "reader iterable (shuffle buffer 1000)"), r)

@@ -1,12 +1,15 @@
 """A static file server for 127.0.0.1 that answers single `bytes=a-b` / `bytes=a-` ranges (what fsspec's HTTP
 filesystem sends; RangeServer in servers.py serves open-ended ranges only) and logs (path, Range header).
 
-    python -m tests.helpers.range_files ROOT [PORT]     # prints the URL, serves until killed (benchmarks)"""
+    python -m tests.helpers.range_files ROOT [PORT [MB_PER_S]]   # prints the URL, serves until killed (benchmarks)
+
+MB_PER_S > 0 caps each response's rate (a slow link, for read-ahead measurements)."""
 from __future__ import annotations
 
 import re
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +18,7 @@ from pathlib import Path
 
 class RangeFiles(SimpleHTTPRequestHandler):
     log: list[tuple[str, str | None]] = []
+    mb_per_s: float = 0.0
 
     def log_message(self, *args: object) -> None:
         pass
@@ -50,10 +54,13 @@ class RangeFiles(SimpleHTTPRequestHandler):
                 break
             outputfile.write(chunk)
             left -= len(chunk)
+            if self.mb_per_s > 0:
+                time.sleep(len(chunk) / (self.mb_per_s * 1e6))
 
 
-def make_server(root: Path, port: int = 0) -> tuple[ThreadingHTTPServer, list[tuple[str, str | None]]]:
-    handler = type("Handler", (RangeFiles,), {"log": []})
+def make_server(root: Path, port: int = 0, mb_per_s: float = 0.0
+                ) -> tuple[ThreadingHTTPServer, list[tuple[str, str | None]]]:
+    handler = type("Handler", (RangeFiles,), {"log": [], "mb_per_s": mb_per_s})
     server = ThreadingHTTPServer(("127.0.0.1", port), lambda *a: handler(*a, directory=str(root)))
     server.daemon_threads = True
     return server, handler.log
@@ -73,6 +80,7 @@ def serving(root: Path) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
 
 
 if __name__ == "__main__":
-    srv, _ = make_server(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    srv, _ = make_server(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 0,
+                         float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
     print(f"http://127.0.0.1:{srv.server_address[1]}", flush=True)
     srv.serve_forever()

@@ -95,7 +95,8 @@ def test_clone_trains_from_http_remote_each_rank_fetching_its_own_row_groups(pro
     assert [p for p, _ in log if not p.endswith(".dir")] == []  # footers and row groups from the cache
 
 
-def test_cache_stays_within_its_bound_and_map_style_reads_through_it(project, http_remote, tmp_path):
+def test_cache_stays_within_its_bound_and_map_style_reads_through_it(project, http_remote, tmp_path,
+                                                                     monkeypatch):
     url, _ = http_remote
     cache = tmp_path / "cache"
     one_group = max(os.path.getsize(p) for p in (project["repo"] / "data/parquet/train").glob("*.parquet")) / 4
@@ -107,6 +108,10 @@ def test_cache_stays_within_its_bound_and_map_style_reads_through_it(project, ht
         used = sum(p.stat().st_blocks * 512 for p in cache.rglob("*") if p.is_file() and p.name.isdigit())
         assert used <= 3 * one_group + one_group, used
     assert list(ds.targets) == list(local.targets)
+    monkeypatch.setattr("imagenet_parquet.remote.decode_image_index", lambda *a: None)  # shards without the index
+    fallback = ParquetImageDataset.from_dvc(project["node"], "data/parquet/train", remote=url, decode=False,
+                                            cache_dir=cache, cache_gb=1)
+    assert [fallback[i] for i in (7, 44, 0)] == [local[i] for i in (7, 44, 0)]  # row groups through the cache
 
 
 def test_s3_remote_from_dvc_config_with_credentials_from_the_environment(project, tmp_path, monkeypatch):

@@ -8,7 +8,14 @@ with the convert stage's own code (`tasks.convert.distribute.run_local`): passth
 side resized to 256 (`convert.resize_shorter: 256`). Every loader runs one epoch through a torch DataLoader with
 the same workers, batch size and transform (decode -> RandomResizedCrop 224 -> horizontal flip -> uint8 CHW
 tensor, written with PIL + numpy + torch because torchvision is not installed). Warm runs read everything once
-first; cold runs drop the page cache before each loader (`sync; echo 3 > /proc/sys/vm/drop_caches`, needs root).
+first; cold runs evict every benchmark file from the page cache before each loader (posix_fadvise DONTNEED on
+each file: no root needed, nothing else on the machine is touched). Warm and cold runs are both interleaved
+rounds; the best round counts.
+
+Issue 13 rows: "read_ahead=0" / "no batch WILLNEED" are the readers without read-ahead (the baseline, same run);
+"remote (HTTP loopback)" trains with `ParquetIterableDataset.from_dvc` from a DVC-layout remote directory
+(files/md5/xx/..., written here like `dvc push` writes it) served by tests/helpers/range_files.py on 127.0.0.1,
+with an empty cache every run; its "first batch" column is from `from_dvc(...)` to the first batch.
 """
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
 from tasks.common import write_json
-from tasks.common.params import load_params  # noqa: E402
+from tasks.common.params import load_project  # noqa: E402
 from tasks.convert.distribute import run_local  # noqa: E402
 from tasks.convert.job import Job  # noqa: E402
 from tasks.convert.imaging import Policy  # noqa: E402
@@ -145,11 +152,11 @@ def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int
     out = work / "shards" / name  # reused on the next run (same images, same params)
     if (out / "train").is_dir() and any((out / "train").glob("*.parquet")):
         return out
-    cfg = load_params("convert", REPO / "params.yaml")
-    policy = Policy(policy=cfg["policy"], quality=cfg["quality"], resize_shorter=resize, exif=cfg["exif"])
+    cfg = load_project(REPO / "params.yaml").params.convert
+    policy = Policy(policy=cfg.policy, quality=cfg.quality, resize_shorter=resize, exif=cfg.exif)
     job = Job(manifests=manifests, label_map=label_map, parquet=out, work=work / "convert-work" / name,
-              metrics=work / "convert-work" / name / "convert.json", policy=policy, shard_mb=cfg["shard_mb"],
-              row_group_rows=row_group_rows or cfg["row_group_rows"], root=REPO)
+              metrics=work / "convert-work" / name / "convert.json", policy=policy, shard_mb=cfg.shard_mb,
+              row_group_rows=row_group_rows or cfg.row_group_rows, max_bad_fraction=cfg.max_bad_fraction, root=REPO)
     run_local(job, workers=workers, progress=False)
     return out
 
@@ -161,6 +168,7 @@ class Result:
     rate: float
     per_cpu: float
     load: str
+    first: float = 0.0  # seconds to the first batch
 
 
 def _cpu_seconds() -> float:
@@ -169,23 +177,32 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def epoch(dataset: Any, args: argparse.Namespace, **loader_kw: Any) -> tuple[float, float, int]:
-    """(images/s, images per CPU-second, images) for one full epoch through a DataLoader (workers started inside
-    the timing, as in training). CPU-seconds count main process + workers: robust to other users' load."""
+def epoch(dataset: Any, args: argparse.Namespace, **loader_kw: Any) -> tuple[float, float, int, float]:
+    """(images/s, images per CPU-second, images, seconds to the first batch) for one full epoch through a
+    DataLoader (workers started inside the timing, as in training). CPU-seconds count main process + workers:
+    robust to other users' load."""
     loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, **loader_kw)
-    started, cpu, seen = time.perf_counter(), _cpu_seconds(), 0
+    started, cpu, seen, first = time.perf_counter(), _cpu_seconds(), 0, 0.0
     iterator = iter(loader)
     for images, _labels in iterator:
         assert images.shape[1:] == (3, 224, 224) and images.dtype == torch.uint8
+        first = first or time.perf_counter() - started
         seen += len(images)
     wall = time.perf_counter() - started
     del iterator  # exhausted: workers already joined, so their CPU time is in RUSAGE_CHILDREN
-    return seen / wall, seen / (_cpu_seconds() - cpu), seen
+    return seen / wall, seen / (_cpu_seconds() - cpu), seen, first
 
 
-def drop_caches() -> None:
+def evict(root: Path) -> None:
+    """Drop every file under `root` from the page cache (POSIX_FADV_DONTNEED; clean pages only, hence the sync)."""
     subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def warm(paths: list[Path]) -> None:
@@ -199,8 +216,59 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: Path, tf: Callable
-            ) -> dict[str, Callable]:
+class NoBatchHint(ParquetImageDataset):
+    """The map-style reader without its batch read-ahead (DataLoader then calls __getitem__ per index)."""
+
+    __getitems__ = None  # type: ignore[assignment]
+
+
+def remote_run(remote: tuple[Path, str], tf: Callable, read_ahead: int = 2) -> Callable:
+    """from_dvc over HTTP with an empty cache; the first-batch time counts from the from_dvc call."""
+    checkout, url = remote
+
+    def run(args):
+        cache = args.work / "remote-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        started = time.perf_counter()
+        ds = ParquetIterableDataset.from_dvc(checkout, "data/parquet/train", remote=url, transform=tf, seed=1,
+                                             cache_dir=cache, cache_gb=5, read_ahead=read_ahead,
+                                             shuffle_buffer=args.shuffle_buffer)
+        opened = time.perf_counter() - started
+        rate, per_cpu, seen, first = epoch(ds, args)
+        return rate, per_cpu, seen, opened + first
+    return run
+
+
+def dvc_remote(work: Path, shards: Path) -> Path:
+    """A DVC 3 remote directory (files/md5/<2>/<30>, the .dir listing) of `shards`, plus a checkout that has
+    only dvc.lock and .dvc/config (never pulled). Hard links: no second copy on disk."""
+    import hashlib
+    import json
+
+    remote, checkout = work / "remote", work / "checkout"
+    entries = []
+    for path in sorted((shards / "train").glob("*.parquet")):
+        with open(path, "rb") as fh:
+            md5 = hashlib.file_digest(fh, "md5").hexdigest()
+        entries.append({"md5": md5, "relpath": f"train/{path.name}"})
+        obj = remote / "files" / "md5" / md5[:2] / md5[2:]
+        if not obj.exists():
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, obj)
+    listing = json.dumps(entries, separators=(", ", ": ")).encode()
+    dir_md5 = hashlib.md5(listing).hexdigest() + ".dir"
+    obj = remote / "files" / "md5" / dir_md5[:2] / dir_md5[2:]
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    obj.write_bytes(listing)
+    (checkout / ".dvc").mkdir(parents=True, exist_ok=True)
+    (checkout / "dvc.lock").write_text(f"schema: '2.0'\nstages:\n  convert:\n    cmd: python -m flows.convert\n"
+                                       f"    outs:\n    - path: data/parquet\n      hash: md5\n      md5: {dir_md5}\n")
+    (checkout / ".dvc" / "config").write_text(f"[core]\n    remote = bench\n['remote \"bench\"']\n    url = {remote}\n")
+    return checkout
+
+
+def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: Path, tf: Callable,
+            remote: tuple[Path, str]) -> dict[str, Callable]:
     def ceiling(root: Path) -> Callable:
         def run(args):
             ds = ParquetImageDataset(root, "train", decode=False)
@@ -208,24 +276,29 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
             return epoch(InMemoryDataset(blobs, ds.targets.tolist(), tf), args, shuffle=True)
         return run
 
-    def mapped(root: Path, sampler: bool) -> Callable:
+    def mapped(root: Path, sampler: bool, batch_hint: bool = True) -> Callable:
         def run(args):
-            ds = ParquetImageDataset(root, "train", transform=tf)
+            ds = (ParquetImageDataset if batch_hint else NoBatchHint)(root, "train", transform=tf)
             if sampler:
                 return epoch(ds, args, sampler=RowGroupSampler(ds, seed=1, window=4))
             return epoch(ds, args, shuffle=True)
         return run
 
-    def iterable(root: Path) -> Callable:
-        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=tf, seed=1), args)
+    def iterable(root: Path, read_ahead: int = 2) -> Callable:
+        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=tf, seed=1, read_ahead=read_ahead,
+                                                         shuffle_buffer=args.shuffle_buffer), args)
 
     return {
         "folder of JPEGs (ImageFolder equivalent)": lambda args: epoch(FolderDataset(folder, tf), args, shuffle=True),
         "decode-only ceiling (bytes in RAM)": ceiling(shards),
         "reader map-style, random order": mapped(shards, False),
+        "reader map-style, random, no batch WILLNEED": mapped(shards, False, batch_hint=False),
         "reader map-style, RowGroupSampler": mapped(shards, True),
         "reader map-style, random, 10-row groups": mapped(small, False),
         "reader iterable (shuffle buffer 1000)": iterable(shards),
+        "reader iterable, read_ahead=0": iterable(shards, read_ahead=0),
+        "remote (HTTP loopback): reader iterable": remote_run(remote, tf),
+        "remote (HTTP loopback): reader iterable, read_ahead=0": remote_run(remote, tf, read_ahead=0),
         "reader iterable + draft_size=224": lambda args: epoch(
             ParquetIterableDataset(shards, "train", transform=tf, seed=1, draft_size=224), args),
         "resized-256: ceiling (bytes in RAM)": ceiling(resized),
@@ -243,17 +316,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
     parser.add_argument("--rounds", type=int, default=3, help="warm runs per loader, interleaved; the best counts")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (they need root)")
-    parser.add_argument("--only", default="", help="run only loaders whose name contains this text (+ baselines)")
+    parser.add_argument("--shuffle-buffer", type=int, default=1000, help="the iterable readers' shuffle buffer")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the folder and ceiling loaders")
+    parser.add_argument("--remote-mbps", type=float, default=0.0,
+                        help="cap the loopback remote's rate per response (MB/s; 0 = no cap): a slow link")
+    parser.add_argument("--only", default="", help="run only loaders whose name contains one of these comma-separated "
+                        "texts (+ the folder and ceiling baselines)")
     args = parser.parse_args(argv)
 
     args.work = args.work / f"{args.images}-images"
     folder, shards, resized, small = prepare(args)
-    runs = {name: run for name, run in loaders(folder, shards, resized, small, RandomResizedCropFlip()).items()
-            if args.only in name or "ceiling" in name or name.startswith("folder")}
-    warm([Path(p) for p, _ in folder] + sorted(args.work.joinpath("shards").rglob("*.parquet")))
-    results = run_warm(runs, args)
-    if not args.no_cold:
-        results += run_cold(runs, args)
+    checkout = dvc_remote(args.work, shards)
+    server = subprocess.Popen([sys.executable, "-m", "tests.helpers.range_files", str(args.work / "remote"), "0",
+                               str(args.remote_mbps)],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        runs = {name: run for name, run in loaders(folder, shards, resized, small, RandomResizedCropFlip(),
+                                                   (checkout, url)).items()
+                if any(t in name for t in args.only.split(","))
+                or not args.no_baselines and ("ceiling" in name or name.startswith("folder"))}
+        warm([Path(p) for p, _ in folder] + sorted(args.work.joinpath("shards").rglob("*.parquet")))
+        results = run_rounds("warm", runs, args)
+        if not args.no_cold:
+            results += run_rounds("cold", {n: r for n, r in runs.items() if n in COLD}, args)
+    finally:
+        server.terminate()
+        server.wait()
     print_table(results)
 
 
@@ -272,56 +361,52 @@ def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path
     return folder, shards, resized, small
 
 
-def run_warm(runs: dict[str, Callable], args: argparse.Namespace) -> list[Result]:
-    """Interleaved rounds (a load spike from other users hits one round, not one loader); the best round counts."""
+COLD = ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
+        "reader map-style, random, no batch WILLNEED", "reader map-style, RowGroupSampler",
+        "reader iterable (shuffle buffer 1000)", "reader iterable, read_ahead=0", "resized-256: reader iterable",
+        "remote (HTTP loopback): reader iterable", "remote (HTTP loopback): reader iterable, read_ahead=0"]
+
+
+def run_rounds(cache: str, runs: dict[str, Callable], args: argparse.Namespace) -> list[Result]:
+    """Interleaved rounds (a load spike from other users hits one round, not one loader); the best round counts.
+    Cold: every benchmark file is evicted from the page cache right before each loader."""
     best: dict[str, Result] = {}
     for round_ in range(args.rounds):
         for name, run in runs.items():
-            result = measure("warm", name, run, args)
-            print(f"  warm#{round_} {name:45s} {result.rate:6.0f} img/s {result.per_cpu:6.0f} img/CPU-s "
-                  f"(load {result.load})", flush=True)
+            if cache == "cold":
+                evict(args.work)
+            result = measure(cache, name, run, args)
+            print(f"  {cache}#{round_} {name:45s} {result.rate:6.0f} img/s {result.per_cpu:6.0f} img/CPU-s "
+                  f"first batch {result.first:5.2f} s (load {result.load})", flush=True)
             if name not in best or result.rate > best[name].rate:
                 best[name] = result
     return list(best.values())
 
 
-def run_cold(runs: dict[str, Callable], args: argparse.Namespace) -> list[Result]:
-    """One epoch per loader right after dropping the page cache."""
-    results: list[Result] = []
-    try:
-        drop_caches()
-    except OSError as err:
-        print(f"  cold runs skipped: cannot drop the page cache ({err}); run as root or pass --no-cold")
-        return results
-    for name in ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
-                 "reader map-style, RowGroupSampler", "reader iterable (shuffle buffer 1000)",
-                 "resized-256: reader iterable"]:
-        if name in runs:
-            drop_caches()
-            results.append(measure("cold", name, runs[name], args))
-            print(f"  cold  {name:45s} {results[-1].rate:6.0f} img/s (load {results[-1].load})", flush=True)
-    return results
-
-
 def measure(cache: str, name: str, run: Callable, args: argparse.Namespace) -> Result:
     before = loadavg()
-    rate, per_cpu, seen = run(args)
+    rate, per_cpu, seen, first = run(args)
     assert seen == args.images, (name, seen)
-    return Result(cache, name, rate, per_cpu, f"{before} -> {loadavg()}")
+    return Result(cache, name, rate, per_cpu, f"{before} -> {loadavg()}", first)
 
 
 def print_table(results: list[Result]) -> None:
     """img/s (wall) and img per CPU-second, each as a ratio to the folder loader and to the decode-only ceiling."""
     by = {(r.cache, r.name): r for r in results}
     folder = "folder of JPEGs (ImageFolder equivalent)"
-    print("\n| cache | loader | img/s | x folder | x ceiling | img/CPU-s | x folder | x ceiling | load avg |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("\n| cache | loader | img/s | x folder | x ceiling | x own warm | img/CPU-s | CPU ms/img | x folder | "
+          "x ceiling | first batch s | load avg |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
-        ceil = by[("warm", "resized-256: ceiling (bytes in RAM)" if r.name.startswith("resized")
-                   else "decode-only ceiling (bytes in RAM)")]
-        base = by[(r.cache, folder)]
+        ceil = by.get(("warm", "resized-256: ceiling (bytes in RAM)" if r.name.startswith("resized")
+                       else "decode-only ceiling (bytes in RAM)"), r)
+        base = by.get((r.cache, folder), by.get(("warm", folder), r))
+        own = by.get(("warm", r.name), r)
+        if r.name.startswith("remote"):  # streaming from the remote vs the same reader on local, warm files
+            own = by.get(("warm", "reader iterable (shuffle buffer 1000)"), r)
         print(f"| {r.cache} | {r.name} | {r.rate:.0f} | {r.rate / base.rate:.2f} | {r.rate / ceil.rate:.2f} | "
-              f"{r.per_cpu:.0f} | {r.per_cpu / base.per_cpu:.2f} | {r.per_cpu / ceil.per_cpu:.2f} | {r.load} |")
+              f"{r.rate / own.rate:.2f} | {r.per_cpu:.0f} | {1000 / r.per_cpu:.2f} | {r.per_cpu / base.per_cpu:.2f} | "
+              f"{r.per_cpu / ceil.per_cpu:.2f} | {r.first:.2f} | {r.load} |")
 
 
 if __name__ == "__main__":

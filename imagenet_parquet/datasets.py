@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -22,7 +23,11 @@ import pyarrow.parquet as pq
 from .decode import Size, decode_image
 from .format import read_label_map
 from .partition import rank_range, row_slices, split_range, unit_order
+from .readahead import read_ahead
 from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
+
+if TYPE_CHECKING:
+    from .remote import RemoteShards
 
 if TYPE_CHECKING:  # type checkers see the torch bases (torch is installed where the code is checked)
     from torch.utils.data import Dataset, IterableDataset, Sampler
@@ -71,7 +76,7 @@ class _ShardedImages:
 
     def __init__(
         self,
-        source: Source,
+        source: Source | RemoteShards,
         split: str | None,
         transform: Callable[[Any], Any] | None,
         target_transform: Callable[[int], Any] | None,
@@ -81,13 +86,46 @@ class _ShardedImages:
         cache_row_groups: int,
     ):
         explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
-        self.files = find_shards(source, split)
-        self.index = ShardIndex.build(self.files, explicit)
+        from .remote import RemoteShards
+
+        self.remote: RemoteShards | None = None
+        if isinstance(source, RemoteShards):
+            self.remote, self.files = source, source.names
+            self.index = ShardIndex.build(self.files, explicit, metadata=source.metadata())
+        else:
+            self.files = find_shards(source, split)
+            self.index = ShardIndex.build(self.files, explicit)
         self.transform = transform
         self.target_transform = target_transform
         self.draft_size = draft_size
         self.decode = decode
-        self._reader = RowGroupReader(self.index, READ_COLUMNS, cache_size=cache_row_groups)
+        self._reader = RowGroupReader(self.index, READ_COLUMNS, cache_size=cache_row_groups, remote=self.remote)
+
+    @classmethod
+    def from_dvc(
+        cls,
+        repo: str | os.PathLike[str],
+        path: str,
+        rev: str | None = None,
+        remote: str | None = None,
+        *,
+        split: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_gb: float = 20.0,
+        **kwargs: Any,
+    ) -> Self:
+        """The shards of DVC-tracked `path` ("data/parquet/train", or "data/parquet" with `split`) in checkout
+        `repo` (at git `rev`), read straight from the DVC remote — no `dvc pull`, no DVC install
+        (`pip install 'imagenet-parquet[remote]'`).
+
+        `remote`: a remote name from .dvc/config (default: core.remote) or a URL (s3://, http(s)://, a directory).
+        Credentials come from the environment as for any fsspec/boto client. Row groups are fetched by range
+        requests when first read, by the process that reads them, into a local cache of at most `cache_gb`
+        (`cache_dir`, default ~/.cache/imagenet-parquet). `kwargs` go to the dataset (transform, seed, ...)."""
+        from .remote import open_dvc
+
+        target = f"{path.rstrip('/')}/{split}" if split else path
+        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb), **kwargs)
 
     def __repr__(self) -> str:
         return (
@@ -132,7 +170,7 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
 
     def __init__(
         self,
-        source: Source,
+        source: Source | RemoteShards,
         split: str | None = None,
         *,
         transform: Callable[[Any], Any] | None = None,
@@ -144,6 +182,7 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
     ):
         super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups)
         self._indexed = IndexedReader(self.files)
+        self._labels: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -154,16 +193,43 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         if not 0 <= index < total:
             raise IndexError(f"index {index} out of range for {total} images")
         unit, row = self.index.locate(index)
-        hit = self._indexed.read(*self.index.locate_file(unit, index))
+        hit: tuple[bytes, int] | None
+        if self.remote is not None:  # the row group's bytes fetched into the local cache, the image through the index
+            file, file_row = self.index.locate_file(unit, index)
+            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row)
+            hit = None if image is None else (image, int(self._remote_labels(unit)[row]))
+        else:
+            hit = self._indexed.read(*self.index.locate_file(unit, index))
         if hit is not None:  # one pread through the footer's byte index
             return self._sample(*hit)
         table = self._reader.read(unit)  # shards without the index: the row group, from the LRU cache
         data = table.column("image")[row]["bytes"].as_py()
         return self._sample(data, table.column("label")[row].as_py())
 
+    def _remote_labels(self, unit: int) -> np.ndarray:
+        """Labels of row group `unit` of remote shards (fetched with the row group, kept: 8 bytes a row)."""
+        labels = self._labels.get(unit)
+        if labels is None:
+            assert self.remote is not None
+            file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
+            labels = self._labels[unit] = self.remote.read_row_group(file, group, ["label"]).column(0).to_numpy()
+        return labels
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
+        """A DataLoader batch: the kernel is asked for every image of the batch first (POSIX_FADV_WILLNEED), so
+        it reads them in parallel while the first ones decode; then `self[i]` for each, in order."""
+        if self.remote is None:
+            total = len(self.index)
+            wanted = [int(i) + total if int(i) < 0 else int(i) for i in indices]
+            rows = [self.index.locate_file(self.index.locate(i)[0], i) for i in wanted if 0 <= i < total]
+            self._indexed.willneed(rows)
+        return [self[i] for i in indices]
+
     @property
     def targets(self) -> np.ndarray:
         """Every row's label (reads only the label column), like ImageFolder.targets."""
+        if self.remote is not None:
+            return np.concatenate([self._remote_labels(u) for u in range(len(self.index.rows))])
         return np.concatenate([pq.read_table(f, columns=["label"]).column(0).to_numpy() for f in self.files])
 
 
@@ -173,11 +239,14 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
     Sharded over distributed ranks (`rank`/`world_size`, default torch.distributed's when initialised) and
     DataLoader workers: every row exactly once per epoch over all ranks with uneven="keep" (see partition.py for
     "drop"/"pad"). The order is a function of (seed, epoch, world_size, num_workers). Call `set_epoch(e)` before
-    each epoch (with the default non-persistent workers, so the workers receive the new epoch)."""
+    each epoch (with the default non-persistent workers, so the workers receive the new epoch).
+
+    `read_ahead`: row groups each worker reads ahead of decoding, in a background thread (0: read when needed);
+    the kernel is also asked (POSIX_FADV_WILLNEED) for the two after those. Memory: read_ahead + 2 row groups."""
 
     def __init__(
         self,
-        source: Source,
+        source: Source | RemoteShards,
         split: str | None = None,
         *,
         transform: Callable[[Any], Any] | None = None,
@@ -191,8 +260,12 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
         rank: int | None = None,
         world_size: int | None = None,
         uneven: str = "keep",
+        read_ahead: int = 2,
     ):
         super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1)
+        if read_ahead < 0:
+            raise ValueError(f"read_ahead: expected >= 0 row groups, found {read_ahead}")
+        self.read_ahead = read_ahead
         self.shuffle, self.shuffle_buffer, self.seed, self.epoch = shuffle, shuffle_buffer, seed, 0
         self.rank, self.world_size = _distributed(rank, world_size)
         self.uneven = uneven
@@ -221,10 +294,17 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
         sizes = self.index.rows[order]
         start, stop = rank_range(int(sizes.sum()), self.rank, self.world_size, self.uneven)
         start, stop = split_range(start, stop, worker, workers)
-        for pos, first, end in row_slices(sizes, start, stop):
-            table = self._reader.read_uncached(int(order[pos])).slice(first, end - first)
-            images = table.column("image").combine_chunks().field("bytes").to_pylist()
-            yield from zip(images, table.column("label").to_pylist(), strict=True)
+        slices = [(int(order[pos]), first, end) for pos, first, end in row_slices(sizes, start, stop)]
+        hint = lambda ahead: self._reader.willneed([unit for unit, _, _ in ahead])  # noqa: E731
+        for rows in read_ahead(slices, self._load, self.read_ahead, hint, hint_ahead=self.read_ahead + 2):
+            yield from rows
+
+    def _load(self, piece: tuple[int, int, int]) -> list[tuple[bytes, int]]:
+        """Rows [first, end) of row group `unit` as (bytes, label): what the read-ahead thread prepares."""
+        unit, first, end = piece
+        table = self._reader.read_uncached(unit).slice(first, end - first)
+        images = [data for chunk in table.column("image").chunks for data in chunk.field("bytes").to_pylist()]
+        return list(zip(images, table.column("label").to_pylist(), strict=True))
 
 
 def shuffle_buffer(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:

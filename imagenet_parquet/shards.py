@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,12 @@ import pyarrow.parquet as pq
 from .format import decode_image_index, label_map_from_metadata, own_metadata, read_indexed
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+class RowGroupSource(Protocol):
+    """Where row groups come from when the shards are not local files (remote.RemoteShards)."""
+
+    def read_row_group(self, file: int, group: int, columns: Sequence[str]) -> pa.Table: ...
 
 
 def find_shards(source: Source, split: str | None = None) -> list[Path]:
@@ -46,6 +52,33 @@ def find_shards(source: Source, split: str | None = None) -> list[Path]:
     return files
 
 
+def row_group_span(meta: pq.FileMetaData, group: int) -> tuple[int, int]:
+    """(first, end) byte offsets of row group `group`'s column chunks (dictionary pages included)."""
+    rg = meta.row_group(group)
+    first, end = None, 0
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset is not None:
+            start = min(start, col.dictionary_page_offset)
+        first = start if first is None else min(first, start)
+        end = max(end, start + col.total_compressed_size)
+    return (first or 0), end
+
+
+def willneed(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]]) -> None:
+    """Ask the kernel to start reading (offset, length) `ranges` of `path` into the page cache, without waiting
+    (POSIX_FADV_WILLNEED); a no-op where posix_fadvise does not exist."""
+    if not hasattr(os, "posix_fadvise") or not ranges:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, length in ranges:
+            os.posix_fadvise(fd, int(offset), int(length), os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
 def _own_label_map(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
     ours = own_metadata(meta)
     return ours.get("label_map") if ours else None
@@ -59,7 +92,8 @@ def _label_keys(label_map: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
 class ShardIndex:
     """Every row group of every shard, in order: `files[file_of[u]]`, row group `group_of[u]`, `rows[u]` rows.
 
-    `starts[u]` is the global index of the first row of unit u; `starts[-1]` is the total row count."""
+    `starts[u]` is the global index of the first row of unit u; `starts[-1]` is the total row count.
+    `spans[u]` is the (first, end) byte range of unit u's column chunks in its file (what read-ahead asks for)."""
 
     files: tuple[Path, ...]
     file_of: np.ndarray
@@ -67,15 +101,22 @@ class ShardIndex:
     rows: np.ndarray
     starts: np.ndarray
     label_map: dict[str, Any]
+    spans: np.ndarray
 
     @classmethod
-    def build(cls, files: Sequence[Path], label_map: dict[str, Any] | None = None) -> ShardIndex:
+    def build(
+        cls,
+        files: Sequence[Path],
+        label_map: dict[str, Any] | None = None,
+        metadata: Sequence[pq.FileMetaData] | None = None,
+    ) -> ShardIndex:
         """Read only the Parquet footers (no data pages); every shard must carry the same label map, and an
-        explicit `label_map` must agree with it (same wnid and name per label) where the shards carry one."""
-        file_of, group_of, rows = [], [], []
+        explicit `label_map` must agree with it (same wnid and name per label) where the shards carry one.
+        `metadata`: the footers, already parsed (remote shards), instead of reading them from `files`."""
+        file_of, group_of, rows, spans = [], [], [], []
         found: dict[str, Any] | None = None
         for i, path in enumerate(files):
-            meta = pq.read_metadata(path)
+            meta = metadata[i] if metadata is not None else pq.read_metadata(path)
             this = (
                 _own_label_map(meta.metadata) if label_map is not None else label_map_from_metadata(meta.metadata, path)
             )
@@ -89,6 +130,7 @@ class ShardIndex:
                 file_of.append(i)
                 group_of.append(g)
                 rows.append(meta.row_group(g).num_rows)
+                spans.append(row_group_span(meta, g))
         if label_map is not None and found is not None and _label_keys(label_map) != _label_keys(found):
             raise ValueError(
                 f"label_map: expected the label map stored in {files[0]} (same wnid and name per "
@@ -103,6 +145,7 @@ class ShardIndex:
             rows_arr,
             starts,
             label_map or found or {},
+            np.asarray(spans, dtype=np.int64).reshape(-1, 2),
         )
 
     def __len__(self) -> int:
@@ -128,10 +171,17 @@ class RowGroupReader:
 
     Open files are per process and never pickled; after a fork (DataLoader worker) they are reopened."""
 
-    def __init__(self, index: ShardIndex, columns: Sequence[str], cache_size: int = 4, max_open: int = 64):
+    def __init__(
+        self,
+        index: ShardIndex,
+        columns: Sequence[str],
+        cache_size: int = 4,
+        max_open: int = 64,
+        remote: RowGroupSource | None = None,
+    ):
         if cache_size < 1:
             raise ValueError(f"cache_size: expected >= 1 row groups, found {cache_size}")
-        self.index = index
+        self.index, self.remote = index, remote
         self.columns = list(columns)
         self.cache_size = cache_size
         self.max_open = max_open
@@ -178,10 +228,19 @@ class RowGroupReader:
 
     def read_uncached(self, unit: int) -> pa.Table:
         """A row group read for a single pass (the iterable dataset): not kept in the cache."""
+        file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
+        if self.remote is not None:
+            return self.remote.read_row_group(file, group, self.columns)
         if self._pid != os.getpid():
             self._reset()
-        pf = self._file(int(self.index.file_of[unit]))
-        return pf.read_row_group(int(self.index.group_of[unit]), columns=self.columns, use_threads=False)
+        return self._file(file).read_row_group(group, columns=self.columns, use_threads=False)
+
+    def willneed(self, units: Sequence[int]) -> None:
+        """Start reading `units` into the page cache (local shards; remote ones are fetched by whoever reads)."""
+        if self.remote is None:
+            for u in units:
+                first, end = (int(x) for x in self.index.spans[u])
+                willneed(self.index.files[int(self.index.file_of[u])], [(first, end - first)])
 
 
 class IndexedReader:
@@ -237,6 +296,17 @@ class IndexedReader:
         if hasattr(os, "posix_fadvise"):  # no kernel readahead past each image: cold random reads ~15% faster
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         return fd, index, labels
+
+    def willneed(self, rows: Sequence[tuple[int, int]]) -> None:
+        """Start reading the images of (file, row) `rows` into the page cache (POSIX_FADV_WILLNEED), so that
+        the kernel fetches a whole batch in parallel while the first images decode."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for i, row in rows:
+            entry = self._entry(i)
+            if entry is not None:
+                offset, size = entry[1][row]
+                os.posix_fadvise(entry[0], int(offset) - 4, int(size) + 4, os.POSIX_FADV_WILLNEED)
 
     def read(self, i: int, row: int) -> tuple[bytes, int] | None:
         """(image bytes, label) of row `row` of file `i`, or None when that file carries no byte index."""

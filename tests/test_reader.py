@@ -224,7 +224,9 @@ def test_memory_flat_over_a_dataset_larger_than_the_cache(tmp_path):
         peaks.append(peak)
         rss.append(_rss())
     assert max(peaks) < 4 * group_bytes + 20 * data_bytes / 400 + 1e6  # cache + one read + buffer, not the data
-    assert data_bytes > 7e6 and max(peaks) < data_bytes / 10
+    # 1/6, not 1/10, since issue 13: the iterable's background reader reads while this thread samples, so a read
+    # in flight (its raw and decoded buffers) is now seen next to the map-style cache; the bound above is the same
+    assert data_bytes > 7e6 and max(peaks) < data_bytes / 6
     assert rss[-1] - rss[0] < data_bytes / 4, rss  # four passes over 8 MB: no growth beyond noise
 
 

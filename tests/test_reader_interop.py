@@ -64,3 +64,33 @@ def test_huggingface_datasets_image_and_classlabel(shards, tmp_path, monkeypatch
     row = ds[TOTAL - 1]
     assert identify(row["image"].convert("RGB")) == TOTAL - 1
     assert ds.features["label"].int2str(row["label"]) == row["label_name"] == f"class {CLASSES - 1}"
+
+
+def test_huggingface_grayscale_recipe_returns_rgb(tmp_path, monkeypatch):
+    """Grayscale JPEGs are stored as found (mode L); the README's recipe, `cast_column("image", Image(mode="RGB"))`,
+    makes `datasets` return RGB for every row (the project's reader always does)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from imagenet_parquet import ParquetImageDataset
+    from imagenet_parquet.format import shard_schema
+    from tests.helpers.datasets import contract_row, numbered_label_map
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    buf = io.BytesIO()
+    Image.linear_gradient("L").resize((32, 24)).save(buf, "JPEG", quality=90)
+    lmap = numbered_label_map(1)
+    rows = [contract_row(buf.getvalue(), "gray.JPEG", 0, "n10000000", "class 0")]
+    (tmp_path / "train").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=shard_schema(lmap, {}, "train")), tmp_path / "train" / "a.parquet")
+    ds = datasets.load_dataset("parquet", data_files=[str(tmp_path / "train" / "a.parquet")], split="train",
+                               cache_dir=str(tmp_path / "hf"))
+    assert ds[0]["image"].mode == "L"  # as stored
+    rgb = ds.cast_column("image", datasets.Image(mode="RGB"))
+    assert rgb[0]["image"].mode == "RGB" and rgb[0]["image"].size == (32, 24)
+    assert ParquetImageDataset(tmp_path, "train")[0][0].mode == "RGB"

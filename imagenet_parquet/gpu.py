@@ -1,0 +1,128 @@
+"""GPU decode path: batches of `decode=False` JPEG bytes decoded with nvJPEG and cropped on the GPU.
+
+    from imagenet_parquet import ParquetIterableDataset
+    from imagenet_parquet.gpu import GpuAugment, collate_bytes
+
+    ds = ParquetIterableDataset("data/parquet", "train", decode=False)         # workers only read bytes
+    loader = DataLoader(ds, batch_size=256, num_workers=4, collate_fn=collate_bytes)
+    augment = GpuAugment(size=224, device="cuda")                            # RandomResizedCrop + flip
+    for blobs, labels in loader:
+        images = augment(blobs)                    # uint8 (N, 3, 224, 224) on the GPU; normalise there too
+        labels = labels.cuda(non_blocking=True)
+
+Decoding is `torchvision.io.decode_jpeg(list_of_tensors, device="cuda")` (batched nvJPEG; grayscale JPEGs come
+out RGB with ImageReadMode.RGB). torchvision is imported only when `decode` runs: the reader never needs it.
+The crop boxes follow torchvision's RandomResizedCrop.get_params (10 tries, then the centred whole image clamped
+to the ratio range); each crop is resized with bilinear, antialiased interpolation (torchvision's default for
+tensors). The shards hold JPEGs only (the convert stage turns PNG/GIF/CMYK into RGB JPEG), which nvJPEG reads.
+`augment` works on any device (the CPU tests use it), `decode` needs CUDA and torchvision."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def collate_bytes(batch: Sequence[tuple[bytes, int]]) -> tuple[list[bytes], torch.Tensor]:
+    """DataLoader `collate_fn` for `decode=False` datasets: (list of image bytes, int64 label tensor)."""
+    return [data for data, _ in batch], torch.tensor([int(label) for _, label in batch], dtype=torch.int64)
+
+
+def crop_box(
+    height: int, width: int, rng: np.random.Generator, scale: tuple[float, float], ratio: tuple[float, float]
+) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a RandomResizedCrop box for an image of `height` x `width`."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    w, h = width, height  # fallback: the whole image, clamped to the ratio range, centred
+    if width / height < ratio[0]:
+        h = round(width / ratio[0])
+    elif width / height > ratio[1]:
+        w = round(height * ratio[1])
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def center_box(height: int, width: int, fraction: float) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of the centred square of side `fraction` x the shorter side (evaluation's
+    Resize(size / fraction) + CenterCrop(size), as one crop)."""
+    side = max(1, round(min(height, width) * fraction))
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+class GpuAugment:
+    """bytes -> uint8 (N, 3, size, size) tensors on `device`: decode (nvJPEG), crop, resize, flip.
+
+    `train=True`: RandomResizedCrop(size, scale, ratio) + horizontal flip with probability `flip`;
+    `train=False`: the centred crop of `center_fraction` of the shorter side, resized to `size`, no flip.
+    `seed` makes the boxes and flips reproducible (a numpy Generator per GpuAugment)."""
+
+    def __init__(
+        self,
+        size: int = 224,
+        *,
+        train: bool = True,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: float = 0.5,
+        center_fraction: float = 0.875,
+        device: str | torch.device = "cuda",
+        seed: int | None = None,
+    ):
+        if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1] or not 0 <= flip <= 1:
+            raise ValueError(
+                f"expected 0 < scale[0] <= scale[1], 0 < ratio[0] <= ratio[1], 0 <= flip <= 1, found "
+                f"scale={scale}, ratio={ratio}, flip={flip}"
+            )
+        self.size, self.train, self.scale, self.ratio, self.flip = size, train, scale, ratio, flip
+        self.center_fraction, self.device = center_fraction, torch.device(device)
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, blobs: Sequence[bytes]) -> torch.Tensor:
+        return self.augment(self.decode(blobs))
+
+    def decode(self, blobs: Sequence[bytes]) -> list[torch.Tensor]:
+        """Batch-decode JPEG bytes on `device` with torchvision.io.decode_jpeg: a list of uint8 (3, H, W)."""
+        try:
+            tvio = importlib.import_module("torchvision.io")  # lazily: the reader never needs torchvision
+        except ImportError:
+            raise ImportError(
+                "GpuAugment.decode needs torchvision (torchvision.io.decode_jpeg, nvJPEG): "
+                "pip install torchvision matching your torch"
+            ) from None
+        data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+        images: Any = tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB, device=self.device)
+        return list(images)
+
+    def boxes(self, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+        """One (top, left, h, w) per (height, width), drawn from this augment's generator."""
+        if not self.train:
+            return [center_box(h, w, self.center_fraction) for h, w in shapes]
+        return [crop_box(h, w, self.rng, self.scale, self.ratio) for h, w in shapes]
+
+    def augment(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Crop, resize (bilinear, antialiased) and flip decoded uint8 (3, H, W) images on their device."""
+        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.uint8, device=self.device)
+        boxes = self.boxes([(int(img.shape[-2]), int(img.shape[-1])) for img in images])
+        flips = self.rng.random(len(images)) < self.flip if self.train else np.zeros(len(images), dtype=bool)
+        for k, (img, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
+            crop = img[None, :, top : top + h, left : left + w].float()
+            resized = F.interpolate(
+                crop, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False
+            )
+            out[k] = resized[0].round_().clamp_(0, 255).to(torch.uint8)
+        if flips.any():
+            index = torch.from_numpy(np.flatnonzero(flips)).to(self.device)
+            out[index] = out[index].flip(-1)
+        return out

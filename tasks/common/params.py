@@ -140,6 +140,11 @@ class ValidateParams(Section):
         raise ValueError(f'expected a row count (int >= 0), a fraction (0..1) or "all", found {value!r}')
 
 
+class CurateParams(Section):
+    exclude: Text | None = Field(description="a CSV split,wnid,name,reason of images to drop (null: none)")
+    relabel: Text | None = Field(description="a CSV split,wnid,name,new_wnid,reason of images to move (null: none)")
+
+
 class Params(BaseModel):
     """The whole params.yaml."""
 
@@ -152,13 +157,14 @@ class Params(BaseModel):
     extract: ExtractParams
     convert: ConvertParams
     validation: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
+    curate: CurateParams
 
 
 # The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
 STAGE_SECTIONS = {
     "download": ("download", "sample"),
     "verify": ("verify",),
-    "extract": ("extract",),
+    "extract": ("extract", "curate"),
     "convert": ("convert",),
     "validate": ("validate",),
 }
@@ -170,6 +176,7 @@ SECTIONS: dict[str, type[Section]] = {
     "extract": ExtractParams,
     "convert": ConvertParams,
     "validate": ValidateParams,
+    "curate": CurateParams,
 }
 
 

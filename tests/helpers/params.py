@@ -40,7 +40,9 @@ def validate_section(**overrides: Any) -> ValidateParams:
 
 
 def project(root: Path, **sections: dict[str, Any]) -> Project:
-    """A Project rooted at `root` whose params are the repository's, with per-section overrides."""
+    """A Project rooted at `root` whose params are the repository's, with per-section overrides (no curation
+    files unless `curate` is given: `root` is not a copy of the project)."""
+    sections = {"curate": {"exclude": None, "relabel": None}, **sections}
     return Project(Path(root), validate_params(_overridden(sections)))
 
 

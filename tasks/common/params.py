@@ -47,6 +47,7 @@ class PathsParams(Section):
     work: str = Field(description="a directory: scratch space, resume state (not tracked)")
     metrics: str = Field(description="a directory: DVC metrics JSON per stage")
     reports: str = Field(description="a directory: reports (validate)")
+    versions: str = Field(description="a directory tracked in git: the version index (validate)")
 
 
 class SampleParams(Section):

@@ -22,7 +22,9 @@ import pyarrow.parquet as pq
 # The content-defined layout cuts a new shard where the row key (wnid, name) hashes under a threshold, so a cut
 # depends on that row (and the bytes since the previous cut) only: adding, removing or relabelling images moves
 # the cuts of the shards around them, never the cuts further on. Shards hold MIN..MAX of the target (mean ~ 1).
-MIN_FRACTION, MAX_FRACTION = 0.5, 2.0
+# Past the target a hit is NORMALIZE times likelier, so a shard almost never reaches MAX (a cut forced there would
+# move with every insertion before it, and the shards after it too, until the next hit).
+MIN_FRACTION, MAX_FRACTION, NORMALIZE = 0.5, 2.0, 4
 LAYOUTS = ("content", "size")  # size: the former balanced ranges named -NNNNN-of-NNNNN (benchmarks compare them)
 PLAN_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]  # a shard's identity (its rows)
 _SAFE_NAME = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_.]{0,159}")
@@ -70,14 +72,16 @@ def plan_ranges(sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int,
 
 def content_ranges(keys: Iterable[str], sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int, int]]:
     """The content layout: row i starts a new shard when the shard so far holds >= MIN·target bytes and the hash
-    of its key hits (probability size_i / ((1 - MIN)·target): shards average ~ target), or when row i would take
-    the shard over MAX·target. Depends on the rows only — never on the worker count. Empty input: one range."""
+    of its key hits (probability size_i / ((1 - MIN)·target), NORMALIZE x that past the target: shards average
+    ~0.9 target), or when row i would take the shard over MAX·target. Depends on the rows only — never on the
+    worker count. Empty input: one range."""
     sizes = list(sizes)
     low, high = int(MIN_FRACTION * target_bytes), int(MAX_FRACTION * target_bytes)
     span = max(1, target_bytes - low)
     bounds, running = [0], 0
     for row, (key, size) in enumerate(zip(keys, sizes, strict=True)):
-        if running and (running + size > high or (running >= low and _hash64(key) * span < size << 64)):
+        odds = size * (NORMALIZE if running >= target_bytes else 1)  # past the target: cuts come sooner
+        if running and (running + size > high or (running >= low and _hash64(key) * span < odds << 64)):
             bounds.append(row)
             running = 0
         running += size

@@ -77,10 +77,11 @@ def size_of(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
 
 
-def shards(project: Path) -> dict[str, dict[str, str]]:
+def shards(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
+    """split -> shard name -> (MD5, bytes)."""
     return {
-        split: {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((project / "data/parquet" / split)
-                                                                               .glob("*.parquet"))}
+        split: {p.name: (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
+                for p in sorted((project / "data/parquet" / split).glob("*.parquet"))}
         for split in ("train", "val")
     }
 
@@ -149,9 +150,10 @@ def measure(project: Path, node: Path, env: dict[str, str], name: str, edit) -> 
     commit_push(project, env, name)
     run(["git", "pull", "-q", "--no-rebase"], node, env)
     run(["dvc", "pull", *TARGETS], node, env)
-    rewritten = {s: sum(old[s].get(n) != m for n, m in new[s].items()) for s in new}
+    rewritten = {s: [n for n, m in new[s].items() if old[s].get(n) != m] for s in new}
     return {
-        "rewritten": {s: f"{rewritten[s]}/{len(new[s])}" for s in new},
+        "rewritten": {s: f"{len(rewritten[s])}/{len(new[s])}" for s in new},
+        "rewritten_mb": sum(new[s][n][1] for s in new for n in rewritten[s]) / 1e6,
         "cache_mb": (size_of(project / ".dvc/cache") - cache) / 1e6,
         "pushed_mb": (size_of(project.parent / "remote") - remote) / 1e6,
         "pulled_mb": (size_of(node / ".dvc/cache") - node_cache) / 1e6,
@@ -190,17 +192,20 @@ def main() -> None:
                             sorted(SAMPLES.glob("*.JPEG")), 10**6)
             for layout, (project, node) in projects.items():
                 rows.append((name, layout, measure(project, node, env, name, edit)))
+                print(json.dumps(rows[-1]), flush=True)  # as it comes: a long run shows progress
     finally:
         server.terminate()
         server.wait(30)
     images = args.classes * (args.train_per_class + args.val_per_class)
     print(f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
           "each change on top of the previous version; dvc repro convert, push, node pull")
-    head = (f"{'change':<33}{'layout':<9}{'train rewr.':>12}{'val rewr.':>10}{'cache MB':>10}{'pushed MB':>11}"
+    head = (f"{'change':<33}{'layout':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
+            f"{'pushed MB':>11}"
             f"{'pulled MB':>11}{'wall s':>8}{'CPU s':>8}")
     print(head + "\n" + "-" * len(head))
     for name, layout, r in rows:
-        print(f"{name:<33}{layout:<9}{r['rewritten']['train']:>12}{r['rewritten']['val']:>10}{r['cache_mb']:>10.1f}"
+        print(f"{name:<33}{layout:<9}{r['rewritten']['train']:>12}{r['rewritten']['val']:>10}"
+              f"{r['rewritten_mb']:>10.1f}{r['cache_mb']:>10.1f}"
               f"{r['pushed_mb']:>11.1f}{r['pulled_mb']:>11.1f}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}")
     (WORK / "results.json").write_text(json.dumps(rows, indent=1))
 

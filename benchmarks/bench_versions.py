@@ -28,7 +28,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from tests.helpers.project import GIT, copy_project  # noqa: E402  (the tests' project copy)
-from tests.helpers.servers import free_port, isolate_prefect, wait_http  # noqa: E402
+from tests.helpers.servers import isolate_prefect, prefect_server  # noqa: E402
 
 isolate_prefect()
 
@@ -162,15 +162,6 @@ def measure(project: Path, node: Path, env: dict[str, str], name: str, edit) -> 
     }
 
 
-def prefect_server(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/api"
-    wait_http(url + "/health", timeout=120)
-    return proc, url
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", type=int, default=50)
@@ -182,9 +173,8 @@ def main() -> None:
     tree = build_tree(args, wnids)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "DVC_NO_ANALYTICS": "1"}
-    server, env["PREFECT_API_URL"] = prefect_server(env)
     rows = []
-    try:
+    with prefect_server(WORK / "prefect.log") as env["PREFECT_API_URL"]:
         projects = {layout: make_project(layout, tree, args, env) for layout in LAYOUTS}
         for name, edit in changes(wnids):
             if name == "add 1 class":
@@ -193,9 +183,6 @@ def main() -> None:
             for layout, (project, node) in projects.items():
                 rows.append((name, layout, measure(project, node, env, name, edit)))
                 print(json.dumps(rows[-1]), flush=True)  # as it comes: a long run shows progress
-    finally:
-        server.terminate()
-        server.wait(30)
     images = args.classes * (args.train_per_class + args.val_per_class)
     print(f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
           "each change on top of the previous version; dvc repro convert, push, node pull")

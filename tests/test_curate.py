@@ -79,4 +79,4 @@ def test_header_and_missing_file_and_params_section(tmp_path):
     (tmp_path / "curation/exclude.csv").write_text(EXCLUDE + f"val,{C},vc.JPEG,dup\n")
     job = extract.job_from_params(setup)
     assert job.curation.exclude[0].where == f"{tmp_path}/curation/exclude.csv:2" and not job.curation.relabel
-    assert job.curation.files == {"exclude": f"{tmp_path}/curation/exclude.csv", "relabel": None}
+    assert job.curation.files == {"exclude": "curation/exclude.csv", "relabel": None}  # as given: no checkout path

@@ -43,8 +43,9 @@ class Curation:
     relabel: tuple[Line, ...] = ()
 
 
-def read_curation(exclude: Path | None, relabel: Path | None) -> Curation:
-    """Both files parsed and checked for form (header, split, wnids, a reason, each image once)."""
+def read_curation(exclude: Path | None, relabel: Path | None, shown: dict[str, str | None] | None = None) -> Curation:
+    """Both files parsed and checked for form (header, split, wnids, a reason, each image once); `shown`: the
+    names recorded in the report (params.yaml's, relative: the report must not depend on the checkout's path)."""
     lines = {kind: _read(kind, path) for kind, path in (("exclude", exclude), ("relabel", relabel))}
     seen: dict[tuple[str, str, str], str] = {}
     for line in lines["exclude"] + lines["relabel"]:
@@ -53,7 +54,7 @@ def read_curation(exclude: Path | None, relabel: Path | None) -> Curation:
             _fail(line.where, "each image once over both curation files", f"{image} again (first at {seen[image]})")
         seen[image] = line.where
     return Curation(
-        {"exclude": str(exclude) if exclude else None, "relabel": str(relabel) if relabel else None},
+        shown or {"exclude": str(exclude) if exclude else None, "relabel": str(relabel) if relabel else None},
         tuple(lines["exclude"]),
         tuple(lines["relabel"]),
     )

@@ -74,7 +74,11 @@ def job_from_params(project: Project) -> ExtractJob:
         params.classes,
         params.val_labels,
         project.root,
-        curate.read_curation(*(project.resolve(f) if f else None for f in (cur.exclude, cur.relabel))),
+        curate.read_curation(
+            project.resolve(cur.exclude) if cur.exclude else None,
+            project.resolve(cur.relabel) if cur.relabel else None,
+            {"exclude": cur.exclude, "relabel": cur.relabel},
+        ),
     )
     labels.read_class_list(job.classes, job.root)
     return job

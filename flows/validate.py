@@ -17,7 +17,7 @@ from imagenet_parquet.format import FormatError
 from tasks.common import SPLITS
 from tasks.common.layout import REPORT_MD
 from tasks.common.params import load_project
-from tasks.validate import contact_sheet, near_dup_outputs, report
+from tasks.validate import changes, contact_sheet, near_dup_outputs, report
 from tasks.validate import stage as validate
 
 ARTIFACT_KEYS = {"report": "schema-report", "splits": "split-counts", "classes": "class-counts"}
@@ -58,6 +58,7 @@ def validate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
         cfg.contact_sheet_classes,
     )
     result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg)
+    result["changes"] = changes.record_version(where["versions"], result.pop("version"))
     write_reports(result, where["reports"], where["metrics"] / METRICS_FILE)
     write_near_dups(result, where["parquet"], where["reports"])
     publish(result)

@@ -155,7 +155,7 @@ def test_same_bytes_for_1_2_and_3_workers_and_stale_shards_removed(tmp_path):
     assert sizes[:-1] == [4] * (len(sizes) - 1) and 0 < sizes[-1] <= 4
     bigger = make_job(root, shard_mb=1, row_group_rows=4)
     run_local(bigger, progress=False)
-    assert sorted(p.name for p in (root / "data/parquet/train").iterdir()) == ["train-00000-of-00001.parquet"]
+    assert sorted(p.name for p in (root / "data/parquet/train").iterdir()) == ["train-n00-img000.JPEG.parquet"]
 
 
 KILL_SCRIPT = """

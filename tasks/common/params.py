@@ -48,6 +48,7 @@ class PathsParams(Section):
     work: str = Field(description="a directory: scratch space, resume state (not tracked)")
     metrics: str = Field(description="a directory: DVC metrics JSON per stage")
     reports: str = Field(description="a directory: reports (validate)")
+    versions: str = Field(description="a directory tracked in git: the version index (validate)")
 
 
 class SampleParams(Section):
@@ -156,6 +157,11 @@ class ValidateParams(Section):
         raise ValueError(f'expected a row count (int >= 0), a fraction (0..1) or "all", found {value!r}')
 
 
+class CurateParams(Section):
+    exclude: Text | None = Field(description="a CSV split,wnid,name,reason of images to drop (null: none)")
+    relabel: Text | None = Field(description="a CSV split,wnid,name,new_wnid,reason of images to move (null: none)")
+
+
 class Params(BaseModel):
     """The whole params.yaml."""
 
@@ -168,13 +174,14 @@ class Params(BaseModel):
     extract: ExtractParams
     convert: ConvertParams
     validation: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
+    curate: CurateParams
 
 
 # The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
 STAGE_SECTIONS = {
     "download": ("download", "sample", "extract.mode", "extract.folder"),  # folder mode: no archive, the tree's stat
     "verify": ("verify",),
-    "extract": ("extract",),
+    "extract": ("extract", "curate"),
     "convert": ("convert",),
     "validate": ("validate",),
 }
@@ -186,6 +193,7 @@ SECTIONS: dict[str, type[Section]] = {
     "extract": ExtractParams,
     "convert": ConvertParams,
     "validate": ValidateParams,
+    "curate": CurateParams,
 }
 
 

@@ -1,11 +1,16 @@
 """Shard planning: which manifest rows go to which shard (deterministic, from the manifest alone), and resume
-checks (a shard finished for the same plan is kept)."""
+checks (a shard finished for the same plan is kept).
+
+The layout is content-defined (`content_ranges`): cuts and names come from the rows themselves, so a new version
+of the dataset that changes some classes rewrites only the shards holding them (plus at most a neighbour), and
+every other shard keeps its name, key and bytes — DVC stores, pushes and pulls only what changed."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,10 +19,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# The content-defined layout cuts a new shard where the row key (wnid, name) hashes under a threshold, so a cut
+# depends on that row (and the bytes since the previous cut) only: adding, removing or relabelling images moves
+# the cuts of the shards around them, never the cuts further on. Shards hold MIN..MAX of the target (mean ~ 1).
+# Past the target a hit is NORMALIZE times likelier, so a shard almost never reaches MAX (a cut forced there would
+# move with every insertion before it, and the shards after it too, until the next hit).
+MIN_FRACTION, MAX_FRACTION, NORMALIZE = 0.5, 2.0, 4
+LAYOUTS = ("content", "size")  # size: the former balanced ranges named -NNNNN-of-NNNNN (benchmarks compare them)
+PLAN_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]  # a shard's identity (its rows)
+_SAFE_NAME = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_.]{0,159}")
+
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Rows [start, stop) of one split's manifest go to shard `index` of `count`; `key` identifies inputs+params."""
+    """Rows [start, stop) of one split's manifest go to shard `index` of `count`, file `<split>-<stem>.parquet`;
+    `key` identifies the shard's rows + the inputs and params shared by all shards."""
 
     split: str
     index: int
@@ -26,21 +42,21 @@ class ShardPlan:
     stop: int
     input_bytes: int
     key: str
+    stem: str
 
     @property
     def name(self) -> str:
-        return f"{self.split}-{self.index:05d}-of-{self.count:05d}.parquet"
+        return f"{self.split}-{self.stem}.parquet"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def plan_ranges(sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int, int]]:
-    """Cut rows into consecutive, balanced ranges of about `target_bytes` of input: (start, stop, bytes).
+    """The size layout: consecutive, balanced ranges of about `target_bytes` of input: (start, stop, bytes).
 
-    n = ceil(total / target) ranges, cut where the running total first reaches k·total/n, so the ranges are of
-    about equal size (two shards of 184 MB, not 256 + 112: the processes finish together). The cut depends only
-    on the sizes and the target — never on the worker count. An empty input gives one empty range."""
+    n = ceil(total / target) ranges, cut where the running total first reaches k·total/n. Any insertion or removal
+    moves every later cut (kept for comparison: `benchmarks/bench_versions.py`). An empty input gives one range."""
     sizes = list(sizes)
     total = sum(sizes)
     count = max(1, -(-total // target_bytes))
@@ -51,15 +67,72 @@ def plan_ranges(sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int,
         if len(bounds) < count and running * count >= len(bounds) * total:
             bounds.append(row + 1)
     bounds.append(len(sizes))
+    return _ranges(sizes, bounds)
+
+
+def content_ranges(keys: Iterable[str], sizes: Iterable[int], target_bytes: int) -> list[tuple[int, int, int]]:
+    """The content layout: row i starts a new shard when the shard so far holds >= MIN·target bytes and the hash
+    of its key hits (probability size_i / ((1 - MIN)·target), NORMALIZE x that past the target: shards average
+    ~0.9 target), or when row i would take the shard over MAX·target. Depends on the rows only — never on the
+    worker count. Empty input: one range."""
+    sizes = list(sizes)
+    low, high = int(MIN_FRACTION * target_bytes), int(MAX_FRACTION * target_bytes)
+    span = max(1, target_bytes - low)
+    bounds, running = [0], 0
+    for row, (key, size) in enumerate(zip(keys, sizes, strict=True)):
+        odds = size * (NORMALIZE if running >= target_bytes else 1)  # past the target: cuts come sooner
+        if running and (running + size > high or (running >= low and _hash64(key) * span < odds << 64)):
+            bounds.append(row)
+            running = 0
+        running += size
+    bounds.append(len(sizes))
+    return _ranges(sizes, bounds)
+
+
+def _ranges(sizes: list[int], bounds: list[int]) -> list[tuple[int, int, int]]:
     return [(a, b, sum(sizes[a:b])) for a, b in itertools.pairwise(bounds)]
 
 
-def plan_split(split: str, sizes: list[int], target_bytes: int, base_key: str) -> list[ShardPlan]:
-    ranges = plan_ranges(sizes, target_bytes)
+def _hash64(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
+def row_key(wnid: str, name: str) -> str:
+    """The key a row is known by across versions (the manifest's sort key)."""
+    return f"{wnid}/{name}"
+
+
+def shard_stem(wnid: str, name: str) -> str:
+    """`<wnid>-<first image name>` of a shard's first row: unique in the split, unchanged while that row leads the
+    shard, and sorting like the manifest for names of [0-9A-Za-z_.] (others: `~` + a hash of the name)."""
+    token = (
+        name
+        if _SAFE_NAME.fullmatch(name) and ".parquet" not in name
+        else "~" + hashlib.sha256(name.encode()).hexdigest()[:20]
+    )
+    return f"{wnid}-{token}"
+
+
+def plan_split(
+    split: str, table: pa.Table, target_bytes: int, base_key: str, layout: str = "content"
+) -> list[ShardPlan]:
+    """The shards of one split's manifest `table` (PLAN_COLUMNS, sorted by wnid, name) in `layout`."""
+    columns = {c: table.column(c).to_pylist() for c in PLAN_COLUMNS}
+    sizes, wnids, names = columns["size"], columns["wnid"], columns["name"]
+    if layout == "size":
+        ranges = plan_ranges(sizes, target_bytes)
+    else:
+        ranges = content_ranges(map(row_key, wnids, names), sizes, target_bytes)
+    rows = list(zip(*columns.values(), strict=True))
     plans = []
     for index, (start, stop, nbytes) in enumerate(ranges):
-        key = hashlib.sha256(f"{base_key}:{split}:{index}:{len(ranges)}:{start}:{stop}".encode()).hexdigest()
-        plans.append(ShardPlan(split, index, len(ranges), start, stop, nbytes, key))
+        if layout == "size":
+            stem = f"{index:05d}-of-{len(ranges):05d}"
+        else:
+            stem = shard_stem(wnids[start], names[start]) if stop > start else "empty"
+        digest = hashlib.sha256(f"{base_key}:{split}:{layout}:{stem}".encode())
+        digest.update(json.dumps(rows[start:stop]).encode())
+        plans.append(ShardPlan(split, index, len(ranges), start, stop, nbytes, digest.hexdigest(), stem))
     return plans
 
 

@@ -1,8 +1,8 @@
-"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-NNNNN-of-NNNNN.parquet.
+"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-<wnid>-<first image>.parquet.
 
-`prepare` plans shards (deterministically, from the manifests alone), `convert_shard` writes one shard streaming
-row groups (resuming: a shard finished for the same plan is kept), `finalize` writes bad_images.jsonl and the
-metrics. `tasks.convert.distribute` runs them over processes or Dask workers."""
+`prepare` plans shards (content-defined, from the manifests alone: tasks/convert/plan.py), `convert_shard` writes
+one shard streaming row groups (resuming: a shard finished for the same plan is kept), `finalize` writes
+bad_images.jsonl and the metrics. `tasks.convert.distribute` runs them over processes or Dask workers."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def prepare(job: Job) -> list[ShardPlan]:
     for split in job.splits():
         table = _manifest(job.manifest(split))
         _check_labels(job.manifest(split), table, wnid_label)
-        split_plans = plan_split(split, table.column("size").to_pylist(), job.target_bytes, base)
+        split_plans = plan_split(split, table, job.target_bytes, base)
         remove_stale(job.parquet / split, {p.name for p in split_plans})
         remove_stale(
             job.work / "convert" / split,
@@ -248,10 +248,9 @@ def _check_labels(path: Path, table: pa.Table, wnid_label: dict[str, int]) -> No
 
 
 def _base_key(job: Job) -> str:
-    """Identity of the inputs and the output-relevant params: a shard finished under another key is redone."""
-    inputs = {split: _digest(job.manifest(split)) for split in job.splits()}
+    """Identity of the inputs all shards share and the output-relevant params (each shard's key adds its own
+    manifest rows: a shard whose rows did not change is kept); a shard finished under another key is redone."""
     identity = {
-        "manifests": inputs,
         "label_map": _digest(job.label_map),
         "params": job.output_params(),
         "format": FORMAT_VERSION,

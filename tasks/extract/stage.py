@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from tasks.common.manifests import MANIFEST_SCHEMA, manifest_path
 from tasks.common.params import Project, resolve_path
 from tasks.common.synsets import Synset, shipped_synsets
 from tasks.extract import classes as labels
+from tasks.extract import curate
 from tasks.extract import devkit as dk
 from tasks.extract.folder_scan import scan_folder_split, source_path
 from tasks.extract.tarindex import index_nested, index_tar
@@ -48,6 +49,7 @@ class ExtractJob:
     classes: str  # as given: all | imagenet100 | a file (recorded in extract_report.json)
     val_labels: str  # as given: devkit | a CSV
     root: Path  # the project: manifest `source` paths are relative to it, and so are the files above
+    curation: curate.Curation = field(default_factory=curate.Curation)  # curate: (read before any scan)
 
     @property
     def archives(self) -> bool:
@@ -57,6 +59,7 @@ class ExtractJob:
 def job_from_params(project: Project) -> ExtractJob:
     """The job; an unreadable class list fails now, before hours of scanning."""
     params, raw, work = project.params.extract, project.path("raw"), project.path("work")
+    cur = project.params.curate
     archives = params.mode == "archives"
     if params.materialize and not archives:
         log.warning("extract.materialize ignored in folder mode: the input already is an ImageFolder tree")
@@ -71,6 +74,11 @@ def job_from_params(project: Project) -> ExtractJob:
         params.classes,
         params.val_labels,
         project.root,
+        curate.read_curation(
+            project.resolve(cur.exclude) if cur.exclude else None,
+            project.resolve(cur.relabel) if cur.relabel else None,
+            {"exclude": cur.exclude, "relabel": cur.relabel},
+        ),
     )
     labels.read_class_list(job.classes, job.root)
     return job
@@ -104,6 +112,7 @@ def finalize_job(job: ExtractJob) -> dict[str, Any]:
         devkit_path=job.devkit,
         imagefolder=source_path(job.tree, job.root) if job.tree else None,
         root=job.root,
+        curation=job.curation,
     )
 
 
@@ -194,6 +203,7 @@ def finalize(
     devkit_path: str | os.PathLike[str] | None = None,
     imagefolder: str | None = None,
     root: str | os.PathLike[str] = ".",
+    curation: curate.Curation | None = None,
 ) -> dict[str, Any]:
     """Label val, select classes, check train/val agree; write manifests, extract_report.json, label map.
 
@@ -209,6 +219,9 @@ def finalize(
         tables["val"], catalog, catalog_name, label_source = _label_val(
             tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root)
         )
+    curation = curation or curate.Curation()
+    applied = {split: curate.apply_curation(split, tables[split], curation) for split in SPLITS}
+    tables = {split: table for split, (table, _) in applied.items()}
     keep = _select(tables, where, catalog, catalog_name, labels.read_class_list(classes, Path(root)))
     label_map = labels.label_map(keep, catalog, label_source)
     label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
@@ -222,6 +235,7 @@ def finalize(
         "outside_subset": {s: n for s, (_, n) in counts.items()},
         "reported": reported,
         "imagefolder": imagefolder,
+        "curation": curate.curation_report(curation, {split: counts for split, (_, counts) in applied.items()}),
     }
     write_json(Path(manifests_dir) / EXTRACT_REPORT, report)
     write_json(label_map_path, label_map)

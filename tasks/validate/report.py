@@ -133,7 +133,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Schema and label validation: {STATUS_WORD[report['status']]}", ""]
     lines += _summary_section(report) + _counts_section(report) + _checks_section(report)
     lines += _examples_section(report) + _bad_images_section(report) + _near_duplicates_section(report)
-    lines += _schema_section(report)
+    lines += _schema_section(report) + _curation_section(report) + _changes_section(report)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -272,3 +272,36 @@ def _schema_section(report: dict[str, Any]) -> list[str]:
     )
     lines += [f"Schema metadata: {', '.join(f'`{k}`' for k in report['schema']['metadata'])}.", ""]
     return lines + ["Params (`validate:`): " + ", ".join(f"`{k}={v}`" for k, v in report["params"].items()), ""]
+
+
+def _curation_section(report: dict[str, Any]) -> list[str]:
+    """The curation lines the extract stage applied (params.yaml curate:), by reason and class."""
+    cur = report.get("curation") or {}
+    rows = [
+        [kind, split, reason, n, ", ".join(f"{c} ({k})" for c, k in sorted(cur[kind][split]["by_class"].items()))]
+        for kind in ("exclude", "relabel")
+        for split in SPLITS
+        for reason, n in sorted(cur.get(kind, {}).get(split, {}).get("by_reason", {}).items())
+    ]
+    files = ", ".join(f"{k}: `{v}`" for k, v in sorted((cur.get("files") or {}).items()))
+    lines = ["## Curation applied", "", f"Files: {files or 'none'}.", ""]
+    return lines + (_table(["kind", "split", "reason", "images", "classes"], rows) if rows else ["No lines.", ""])
+
+
+def _changes_section(report: dict[str, Any]) -> list[str]:
+    """Changes since the previous version (versions/index.json): images per class, shards rewritten."""
+    changes = report.get("changes")
+    lines = ["## Changes since the previous version", ""]
+    if not changes or not changes["previous"]:
+        return lines + ["No previous version recorded (versions/index.json): this is the first.", ""]
+    if changes["label_map_changed"]:
+        lines += ["The class set changed: label ids after the change moved, every shard carries the new map.", ""]
+    for split in SPLITS:
+        c = changes[split]
+        rewritten = ", ".join(f"`{n}`" for n in c["shards_rewritten"]) or "none"
+        count = f"{len(c['shards_rewritten'])} of {c['shards']} shards rewritten"
+        lines += [f"**{split}**: {count} ({rewritten}); {len(c['shards_removed'])} removed.", ""]
+        if c["classes"]:
+            header = ["wnid", "before", "after", "added", "removed", "relabelled_in", "relabelled_out"]
+            lines += _table(header, [[row[k] for k in header] for row in c["classes"]])
+    return lines

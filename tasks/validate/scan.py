@@ -42,7 +42,7 @@ def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
     for split, files in found.items():
         if not files:
             raise PipelineError(
-                f"{Path(parquet_dir) / split}: expected Parquet shards `{split}-00000-of-000NN.parquet`, found "
+                f"{Path(parquet_dir) / split}: expected Parquet shards `{split}-*.parquet`, found "
                 "none; run the convert stage first (`dvc repro convert`)"
             )
     return found

@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 
 from imagenet_parquet.format import COLUMNS, read_label_map
 from tasks.common import SPLITS, PipelineError
-from tasks.common.layout import BAD_IMAGES
+from tasks.common.layout import BAD_IMAGES, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
 from tasks.common.params import ValidateParams
+from tasks.validate.changes import version_index
 from tasks.validate.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
 from tasks.validate.dataset_checks import (
     class_count_check,
@@ -108,7 +109,16 @@ def run_validation(
         for s in SPLITS
     }
     report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
+    extract_report = _extract_report(Path(manifests_dir))
+    report["curation"] = {k: v for k, v in extract_report.get("curation", {}).items() if k != "applied"}
+    report["version"] = version_index(meta, label_map, extract_report)  # flows/validate records it, then drops it
     return {**report, "near_duplicates": plain(near_section)}
+
+
+def _extract_report(manifests_dir: Path) -> dict[str, Any]:
+    path = manifests_dir / EXTRACT_REPORT
+    found: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return found
 
 
 def _index_check(meta: pd.DataFrame, findings: ByteFindings, shards: int, limit: int) -> CheckResult:

@@ -41,13 +41,20 @@ def validate_section(**overrides: Any) -> ValidateParams:
 
 def project(root: Path, **sections: dict[str, Any]) -> Project:
     """A Project rooted at `root` whose params are the repository's, with per-section overrides."""
-    return Project(Path(root), validate_params(_overridden(sections)))
+    return Project(Path(root), validate_params(_overridden(_curation(root, sections))))
+
+
+def _curation(root: Path, sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`curate:` nulled where `root` holds no curation/ (it is no copy of the project), unless given."""
+    if (Path(root) / "curation").is_dir():
+        return sections
+    return {"curate": {"exclude": None, "relabel": None}, **sections}
 
 
 def write_params(root: Path, **sections: dict[str, Any]) -> Path:
     """params.yaml under `root`: the repository's, with per-section overrides (checked by the models first)."""
     path = Path(root) / "params.yaml"
-    doc = _overridden(sections)
+    doc = _overridden(_curation(root, sections))
     validate_params(doc)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")

@@ -1,0 +1,201 @@
+"""What a new version costs: the content-defined shard layout vs the size-planned one, side by side (issue 12).
+
+Builds a folder-mode tree of unique real JPEGs (the 1000 samples of ../shared, each copy made unique by a JPEG
+COM segment after SOI; default 50 classes x 90 train + 10 val = 5,000 images) under benchmarks/_work/versions/,
+then per layout a project copy (`size`: tasks/convert/plan.py's default layout switched in the copy) with a local
+DVC remote and a training node (a clone that pulled the version before). Version 0 is `dvc repro convert`,
+committed, pushed, pulled; then each change in turn (curation files, or the tree) is rerun, committed, pushed and
+pulled, and the table shows per change: shards rewritten / total per split, MB newly stored in the DVC cache,
+MB pushed, MB pulled by the node, and the rerun's wall and CPU seconds.
+
+    python benchmarks/bench_versions.py [--classes 50 --train-per-class 90 --val-per-class 10 --shard-mb 12]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.helpers.project import GIT, copy_project  # noqa: E402  (the tests' project copy)
+from tests.helpers.servers import isolate_prefect, prefect_server  # noqa: E402
+
+isolate_prefect()
+
+from tasks.common.synsets import shipped_synsets  # noqa: E402
+
+WORK = REPO / "benchmarks" / "_work" / "versions"
+SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
+LAYOUTS = ("content", "size")
+TARGETS = ["data/parquet", "data/manifests", "data/label_map.json"]
+
+
+def unique_jpeg(data: bytes, tag: str) -> bytes:
+    """The same JPEG with a COM segment right after SOI: unique bytes, same pixels."""
+    payload = tag.encode()
+    return data[:2] + b"\xff\xfe" + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
+
+
+def write_class(tree: Path, wnid: str, counts: dict[str, int], samples: list[Path], start: int) -> int:
+    for split, count in counts.items():
+        (tree / split / wnid).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            data = samples[(start + i) % len(samples)].read_bytes()
+            (tree / split / wnid / f"{wnid}_{i:05d}.JPEG").write_bytes(unique_jpeg(data, f"{split}/{wnid}/{i}"))
+        start += count
+    return start
+
+
+def build_tree(args: argparse.Namespace, wnids: list[str]) -> Path:
+    tree = WORK / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    samples = sorted(SAMPLES.glob("*.JPEG"))
+    start = 0
+    for wnid in wnids[: args.classes]:
+        start = write_class(tree, wnid, {"train": args.train_per_class, "val": args.val_per_class}, samples, start)
+    return tree
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{cmd} in {cwd} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def size_of(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def shards(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
+    """split -> shard name -> (MD5, bytes)."""
+    return {
+        split: {p.name: (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
+                for p in sorted((project / "data/parquet" / split).glob("*.parquet"))}
+        for split in ("train", "val")
+    }
+
+
+def make_project(layout: str, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, Path]:
+    base = WORK / layout
+    shutil.rmtree(base, ignore_errors=True)
+    project = copy_project(base / "project")
+    if layout == "size":
+        plan = project / "tasks/convert/plan.py"
+        plan.write_text(plan.read_text().replace('layout: str = "content"', 'layout: str = "size"', 1))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["extract"].update(mode="folder", folder=str(tree))
+    params["convert"]["shard_mb"] = args.shard_mb
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["dvc", "remote", "add", "-f", "-d", "local", str(base / "remote")], project, env)
+    run(["dvc", "config", "cache.type", "hardlink,copy"], project, env)
+    repro(project, env, [])
+    commit_push(project, env, "v0")
+    node = base / "node"
+    run(["git", "clone", "-q", str(project), str(node)], base, env)
+    run(["dvc", "pull", *TARGETS], node, env)
+    return project, node
+
+
+def repro(project: Path, env: dict[str, str], first: list[str]) -> tuple[float, float]:
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    if first:
+        run(first, project, env)
+    run(["dvc", "repro", "convert"], project, env)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+
+
+def commit_push(project: Path, env: dict[str, str], message: str) -> None:
+    run(["git", "add", "-A"], project, env)
+    run([*GIT, "commit", "-qm", message], project, env)
+    run(["dvc", "push", *TARGETS], project, env)
+
+
+def curation_line(project: Path, kind: str, lines: list[str]) -> list[str]:
+    path = project / "curation" / f"{kind}.csv"
+    path.write_text(path.read_text() + "".join(line + "\n" for line in lines))
+    return []
+
+
+def changes(wnids: list[str]) -> list[tuple[str, object]]:
+    """Each change: (name, edit(project) -> a command to run before `dvc repro convert`, or [])."""
+    w = wnids
+    relabel = [f"train,{w[c]},{w[c]}_{i:05d}.JPEG,{w[30]},bench" for c in (5, 6) for i in range(50)]
+    val = [f"val,{w[c]},{w[c]}_{i:05d}.JPEG,bench" for c in range(10, 20) for i in range(5)]
+    return [
+        ("remove 1 train image", lambda p: curation_line(p, "exclude", [f"train,{w[20]},{w[20]}_00045.JPEG,bench"])),
+        ("relabel 100 images in 3 classes", lambda p: curation_line(p, "relabel", relabel)),
+        ("exclude 50 val images", lambda p: curation_line(p, "exclude", val)),
+        ("add 1 class", lambda p: ["dvc", "repro", "-f", "-s", "extract"]),
+    ]
+
+
+def measure(project: Path, node: Path, env: dict[str, str], name: str, edit) -> dict[str, object]:
+    old, cache = shards(project), size_of(project / ".dvc/cache")
+    remote, node_cache = size_of(project.parent / "remote"), size_of(node / ".dvc/cache")
+    wall, cpu = repro(project, env, edit(project))  # edit: the files changed; returns a command to run first
+    new = shards(project)
+    commit_push(project, env, name)
+    run(["git", "pull", "-q", "--no-rebase"], node, env)
+    run(["dvc", "pull", *TARGETS], node, env)
+    rewritten = {s: [n for n, m in new[s].items() if old[s].get(n) != m] for s in new}
+    return {
+        "rewritten": {s: f"{len(rewritten[s])}/{len(new[s])}" for s in new},
+        "rewritten_mb": sum(new[s][n][1] for s in new for n in rewritten[s]) / 1e6,
+        "cache_mb": (size_of(project / ".dvc/cache") - cache) / 1e6,
+        "pushed_mb": (size_of(project.parent / "remote") - remote) / 1e6,
+        "pulled_mb": (size_of(node / ".dvc/cache") - node_cache) / 1e6,
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--classes", type=int, default=50)
+    parser.add_argument("--train-per-class", type=int, default=90)
+    parser.add_argument("--val-per-class", type=int, default=10)
+    parser.add_argument("--shard-mb", type=float, default=12)
+    args = parser.parse_args()
+    wnids = sorted(shipped_synsets())
+    tree = build_tree(args, wnids)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "DVC_NO_ANALYTICS": "1"}
+    rows = []
+    with prefect_server(WORK / "prefect.log") as env["PREFECT_API_URL"]:
+        projects = {layout: make_project(layout, tree, args, env) for layout in LAYOUTS}
+        for name, edit in changes(wnids):
+            if name == "add 1 class":
+                write_class(tree, wnids[args.classes], {"train": args.train_per_class, "val": args.val_per_class},
+                            sorted(SAMPLES.glob("*.JPEG")), 10**6)
+            for layout, (project, node) in projects.items():
+                rows.append((name, layout, measure(project, node, env, name, edit)))
+                print(json.dumps(rows[-1]), flush=True)  # as it comes: a long run shows progress
+    images = args.classes * (args.train_per_class + args.val_per_class)
+    print(f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
+          "each change on top of the previous version; dvc repro convert, push, node pull")
+    head = (f"{'change':<33}{'layout':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
+            f"{'pushed MB':>11}"
+            f"{'pulled MB':>11}{'wall s':>8}{'CPU s':>8}")
+    print(head + "\n" + "-" * len(head))
+    for name, layout, r in rows:
+        print(f"{name:<33}{layout:<9}{r['rewritten']['train']:>12}{r['rewritten']['val']:>10}"
+              f"{r['rewritten_mb']:>10.1f}{r['cache_mb']:>10.1f}"
+              f"{r['pushed_mb']:>11.1f}{r['pulled_mb']:>11.1f}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}")
+    (WORK / "results.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

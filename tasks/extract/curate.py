@@ -1,0 +1,140 @@
+"""Curation as data: the exclude list and the relabel table (params.yaml `curate:`), applied in the extract stage.
+
+`curation/exclude.csv` (header `split,wnid,name,reason`) drops images; `curation/relabel.csv` (header
+`split,wnid,name,new_wnid,reason`) moves images to another class. `wnid` is the image's class as found in the
+source (the folder, the train tar, the val ground truth), `name` the manifest `name`. `read_curation` checks the
+files' form before any scan; `apply_curation` checks every line against the scanned images (an unknown image
+fails naming the file and line) and applies them — before the class subset and the labels, so the manifests,
+and so the shards, hold the curated dataset. `extract_report.json` counts every applied line by reason and class."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.common import SPLITS, PipelineError
+from tasks.common.synsets import WNID, shipped_synsets
+
+HEADERS = {"exclude": ["split", "wnid", "name", "reason"], "relabel": ["split", "wnid", "name", "new_wnid", "reason"]}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One curation line: where it is written, the image it names, and (relabel) the class it moves to."""
+
+    where: str  # <file>:<line number>
+    split: str
+    wnid: str
+    name: str
+    reason: str
+    new_wnid: str | None = None
+
+
+@dataclass(frozen=True)
+class Curation:
+    files: dict[str, str | None] = field(default_factory=dict)  # exclude / relabel -> the file (None: none)
+    exclude: tuple[Line, ...] = ()
+    relabel: tuple[Line, ...] = ()
+
+
+def read_curation(exclude: Path | None, relabel: Path | None, shown: dict[str, str | None] | None = None) -> Curation:
+    """Both files parsed and checked for form (header, split, wnids, a reason, each image once); `shown`: the
+    names recorded in the report (params.yaml's, relative: the report must not depend on the checkout's path)."""
+    lines = {kind: _read(kind, path) for kind, path in (("exclude", exclude), ("relabel", relabel))}
+    seen: dict[tuple[str, str, str], str] = {}
+    for line in lines["exclude"] + lines["relabel"]:
+        image = (line.split, line.wnid, line.name)
+        if image in seen:
+            _fail(line.where, "each image once over both curation files", f"{image} again (first at {seen[image]})")
+        seen[image] = line.where
+    return Curation(
+        shown or {"exclude": str(exclude) if exclude else None, "relabel": str(relabel) if relabel else None},
+        tuple(lines["exclude"]),
+        tuple(lines["relabel"]),
+    )
+
+
+def _read(kind: str, path: Path | None) -> list[Line]:
+    if path is None:
+        return []
+    if not path.is_file():
+        raise PipelineError(
+            f"params.yaml curate.{kind}: expected a CSV with header {','.join(HEADERS[kind])}, found {path} (no "
+            f"such file); create it (the header alone applies nothing) or set curate.{kind}: null"
+        )
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise PipelineError(
+            f"{path}: expected a CSV with header {','.join(HEADERS[kind])} (params.yaml curate.{kind}), found: "
+            f"{err}; fix the file or set curate.{kind}: null"
+        ) from None
+    if not rows or rows[0] != HEADERS[kind]:
+        _fail(f"{path}:1", f"the header {','.join(HEADERS[kind])}", repr(",".join(rows[0]) if rows else ""))
+    catalog = shipped_synsets()
+    return [_line(kind, f"{path}:{n}", row, catalog) for n, row in enumerate(rows[1:], start=2) if any(row)]
+
+
+def _line(kind: str, where: str, row: list[str], catalog: dict[str, Any]) -> Line:
+    fields = HEADERS[kind]
+    if len(row) != len(fields):
+        _fail(where, f"{len(fields)} fields ({','.join(fields)})", f"{len(row)}: {','.join(row)!r}")
+    values = dict(zip(fields, (v.strip() for v in row), strict=True))
+    if values["split"] not in SPLITS:
+        _fail(where, f"split one of {', '.join(SPLITS)}", repr(values["split"]))
+    for key in ("wnid", "new_wnid"):
+        wnid = values.get(key)
+        if wnid is not None and (not WNID.match(wnid) or wnid not in catalog):
+            _fail(where, f"{key} an ILSVRC2012 wnid like n01440764", repr(wnid))
+    if not values["name"] or not values["reason"]:
+        _fail(where, "a name and a reason", f"{','.join(row)!r}")
+    if values.get("new_wnid") == values["wnid"]:
+        _fail(where, "new_wnid other than wnid", repr(values["wnid"]))
+    return Line(where, values["split"], values["wnid"], values["name"], values["reason"], values.get("new_wnid"))
+
+
+def _fail(where: str, expected: str, found: str) -> None:
+    raise PipelineError(f"{where}: expected {expected}, found {found}; fix the curation file (docs/CONTRACTS.md)")
+
+
+def apply_curation(split: str, table: pa.Table, curation: Curation) -> tuple[pa.Table, dict[str, Any]]:
+    """`table` (a split's scanned and labelled rows) with the split's lines applied, and their counts."""
+    exclude = [line for line in curation.exclude if line.split == split]
+    relabel = [line for line in curation.relabel if line.split == split]
+    keys = [f"{w}/{n}" for w, n in zip(table.column("wnid").to_pylist(), table.column("name").to_pylist(), strict=True)]
+    position = {key: i for i, key in enumerate(keys)}
+    for line in exclude + relabel:
+        if f"{line.wnid}/{line.name}" not in position:
+            _fail(line.where, f"an image {line.name} of class {line.wnid} in {split}", "no such image in the source")
+    wnids = table.column("wnid").to_pylist()
+    for line in relabel:
+        wnids[position[f"{line.wnid}/{line.name}"]] = line.new_wnid
+    table = table.set_column(table.schema.get_field_index("wnid"), "wnid", pa.array(wnids, pa.string()))
+    dropped = pa.array(sorted(position[f"{line.wnid}/{line.name}"] for line in exclude), pa.int64())
+    keep = pc.invert(pc.is_in(pa.array(range(table.num_rows), pa.int64()), dropped))
+    return table.filter(keep), {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
+
+
+def _counts(lines: list[Line], moves: bool) -> dict[str, Any]:
+    by_class = Counter(f"{line.wnid}->{line.new_wnid}" if moves else line.wnid for line in lines)
+    return {"lines": len(lines), "by_reason": dict(Counter(line.reason for line in lines)), "by_class": dict(by_class)}
+
+
+def curation_report(curation: Curation, counts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """extract_report.json `curation`: the files, and per kind and split the applied lines by reason and class."""
+    return {
+        "files": curation.files,
+        **{kind: {split: counts[split][kind] for split in SPLITS} for kind in ("exclude", "relabel")},
+        "applied": [
+            {"kind": kind, "split": line.split, "wnid": line.wnid, "name": line.name, "new_wnid": line.new_wnid}
+            for kind, lines in (("exclude", curation.exclude), ("relabel", curation.relabel))
+            for line in lines
+        ],
+    }

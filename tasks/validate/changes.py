@@ -1,0 +1,134 @@
+"""What changed since the previous version: a small per-version index, tracked in git, and the difference.
+
+`version_index` summarises a version from the validated metadata (no image bytes): per split and class the count
+and a digest of its (image, sha256) pairs, per shard a digest of its rows, and the curation lines applied
+(extract_report.json). `record_version` keeps `<versions>/index.json` = {"current", "previous"}: when the index
+of this run differs from the recorded current one, that one becomes the previous version; a rerun of the same
+version (CI on a fresh clone) keeps the previous one, so the report shows the change the commit brought.
+`<versions>/changes.json` holds the counts (a DVC metric: `dvc metrics diff` shows them).
+
+Why an index in git rather than the previous commit's dvc.lock read through DVC: the lock records a directory
+hash only, so reading the old version needs its objects from a cache or remote — a fresh CI clone has neither."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tasks.common import SPLITS, write_json
+
+INDEX_FILE, CHANGES_FILE = "index.json", "changes.json"
+
+
+def _digest(values: Any) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def version_index(meta: pd.DataFrame, label_map: dict[str, Any], extract_report: dict[str, Any]) -> dict[str, Any]:
+    """The index of this version (deterministic: sorted, no timestamps)."""
+    labels = _digest([[c["label"], c["wnid"], c.get("name")] for c in label_map["classes"]])
+    index: dict[str, Any] = {"label_map": labels, "classes": {}, "shards": {}}
+    for split in SPLITS:
+        rows = meta[meta["split"] == split]
+        index["classes"][split] = {
+            wnid: {
+                "count": len(group),
+                "digest": _digest(sorted(zip(group["image_path"], group["sha256"], strict=True))),
+            }
+            for wnid, group in sorted(rows.groupby("wnid"), key=lambda item: str(item[0]))
+        }
+        index["shards"][split] = {
+            str(shard): _digest([labels, group[["image_path", "label", "sha256"]].values.tolist()])
+            for shard, group in sorted(rows.groupby("shard"), key=lambda item: str(item[0]))
+        }
+    applied = extract_report.get("curation", {}).get("applied", [])
+    index["curated"] = sorted(
+        [line["kind"], line["split"], line["wnid"], line["name"], line.get("new_wnid")] for line in applied
+    )
+    return index
+
+
+def record_version(versions_dir: Path, current: dict[str, Any]) -> dict[str, Any]:
+    """Update <versions>/index.json and changes.json; return the changes against the previous version."""
+    path = versions_dir / INDEX_FILE
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    previous = stored.get("previous") if stored.get("current") == current else stored.get("current")
+    write_json(path, {"current": current, "previous": previous})
+    changes = compare(previous, current)
+    write_json(versions_dir / CHANGES_FILE, changes_metrics(changes))
+    return changes
+
+
+def compare(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
+    """Per split: classes whose images changed (added, removed, relabelled in / out) and the shards rewritten."""
+    if previous is None:
+        return {"previous": False}
+    curation = _curation_moves(previous["curated"], current["curated"])
+    out: dict[str, Any] = {"previous": True, "label_map_changed": previous["label_map"] != current["label_map"]}
+    for split in SPLITS:
+        before, after = previous["classes"].get(split, {}), current["classes"].get(split, {})
+        classes = []
+        for wnid in sorted(set(before) | set(after)):
+            old, new = before.get(wnid, {"count": 0}), after.get(wnid, {"count": 0})
+            moved = {k: curation[k][(split, wnid)] for k in ("excluded", "relabelled_in", "relabelled_out")}
+            other = new["count"] - old["count"] + moved["excluded"] - moved["relabelled_in"] + moved["relabelled_out"]
+            if old == new and not any(moved.values()):
+                continue
+            removed = moved["excluded"] + max(-other, 0)
+            counts = {"before": old["count"], "after": new["count"], "added": max(other, 0), "removed": removed}
+            classes.append(
+                {
+                    "wnid": wnid,
+                    **counts,
+                    "relabelled_in": moved["relabelled_in"],
+                    "relabelled_out": moved["relabelled_out"],
+                }
+            )
+        old_shards, new_shards = previous["shards"].get(split, {}), current["shards"].get(split, {})
+        rewritten = sorted(name for name, digest in new_shards.items() if old_shards.get(name) != digest)
+        out[split] = {
+            "classes": classes,
+            "shards_rewritten": rewritten,
+            "shards_removed": sorted(set(old_shards) - set(new_shards)),
+            "shards": len(new_shards),
+        }
+    return out
+
+
+def _curation_moves(before: list[list[Any]], after: list[list[Any]]) -> dict[str, Counter[tuple[str, str]]]:
+    """Per (split, wnid): images newly excluded (restored ones count -1) and relabelled in / out."""
+    moves: dict[str, Counter[tuple[str, str]]] = {k: Counter() for k in ("excluded", "relabelled_in", "relabelled_out")}
+    old, new = {tuple(x) for x in before}, {tuple(x) for x in after}
+    for sign, lines in ((1, new - old), (-1, old - new)):
+        for kind, split, wnid, _name, new_wnid in lines:
+            if kind == "exclude":
+                moves["excluded"][(split, wnid)] += sign
+            elif sign > 0:
+                moves["relabelled_out"][(split, wnid)] += 1
+                moves["relabelled_in"][(split, new_wnid)] += 1
+            else:  # a relabel line dropped: the image moves back
+                moves["relabelled_out"][(split, new_wnid)] += 1
+                moves["relabelled_in"][(split, wnid)] += 1
+    return moves
+
+
+def changes_metrics(changes: dict[str, Any]) -> dict[str, Any]:
+    """The counts for `dvc metrics diff`: per split images added / removed / relabelled, shards rewritten."""
+    out: dict[str, Any] = {"previous_version": int(changes["previous"])}
+    for split in SPLITS:
+        found = changes.get(split, {"classes": [], "shards_rewritten": [], "shards_removed": [], "shards": 0})
+        out[split] = {
+            "images_added": sum(c["added"] for c in found["classes"]),
+            "images_removed": sum(c["removed"] for c in found["classes"]),
+            "images_relabelled": sum(c["relabelled_out"] for c in found["classes"]),
+            "classes_changed": len(found["classes"]),
+            "shards_rewritten": len(found["shards_rewritten"]),
+            "shards_removed": len(found["shards_removed"]),
+            "shards": found["shards"],
+        }
+    return out

@@ -8,6 +8,7 @@ import io
 import re
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
@@ -16,6 +17,7 @@ from tasks.convert.distribute import run_local
 from tasks.convert.fingerprint import fingerprint, stored_fingerprint
 from tasks.convert.imaging import BadImage
 from tasks.convert.job import job_from_params
+from tasks.extract import curate
 from tasks.extract import stage as extract
 from tasks.validate.near_dup import band_plan, near_duplicate_check, near_pairs, popcount
 from tasks.validate.near_dup_outputs import EXCLUDE_CSV, EXCLUDE_HEADER, NEAR_DUPLICATES_PNG, write_near_duplicate_outputs
@@ -130,8 +132,10 @@ def planted(tmp_path_factory, request):
             val_wnid = other if (i, edit) == (0, "q90") else wnid  # one copy across classes
             put("val", val_wnid, f"ILSVRC2012_val_{number:08d}.JPEG", plant(data, edit))
             expected[f"ILSVRC2012_val_{number:08d}.JPEG"] = (val_wnid, wnid, f"{wnid}_{i}.JPEG", edit)
-    for k, (_, data) in enumerate(distinct):
-        put("val", bases[k % BASES][0], f"ILSVRC2012_val_{900 + k:08d}.JPEG", data)
+    for k in range(max(len(distinct), BASES)):  # every class keeps a val image once its copies are excluded
+        data = distinct[k % len(distinct)][1]
+        unique = data[:2] + b"\xff\xfe\x00\x06" + k.to_bytes(4, "big") + data[2:]  # a COM segment: new bytes
+        put("val", bases[k % BASES][0], f"ILSVRC2012_val_{900 + k:08d}.JPEG", unique)
     setup = project(root)
     where = setup.paths
     for split in extract.SPLITS:
@@ -207,3 +211,25 @@ def _schema_without_phash(dataset, split):
     from imagenet_parquet.format import shard_schema
     schema = shard_schema(dataset.label_map, {"policy": "passthrough"}, split)
     return schema.remove(schema.get_field_index("phash"))
+
+
+def test_the_exclude_list_applied_through_curation_gives_a_version_without_the_leak(planted, tmp_path):
+    """Issue 15's loop closed with issue 12's curation: the candidate list, copied unchanged into the curation
+    exclude file, drops every paired val image in extract; the next version's check finds no pair."""
+    report, _, where = planted
+    written = write_near_duplicate_outputs(report, where["parquet"], tmp_path / "reports")
+    exclude = tmp_path / "exclude.csv"
+    exclude.write_bytes(written[1].read_bytes())
+    curation = curate.read_curation(exclude, None)
+    root = where["manifests"].parents[1]  # the planted project (paths.manifests: data/manifests)
+    assert (root / "tree").is_dir()
+    extract.finalize(where["work"] / "extract", tmp_path / "manifests", tmp_path / "label_map.json",
+                     mode="folder", root=root, curation=curation)
+    paired = {p["val_name"] for p in report["near_duplicates"]["pairs"]}
+    val = {r["name"] for r in pq.read_table(tmp_path / "manifests" / "val.parquet", columns=["name"]).to_pylist()}
+    assert paired and not paired & val
+    out = {"manifests": tmp_path / "manifests", "label_map": tmp_path / "label_map.json",
+           "parquet": tmp_path / "parquet", "work": tmp_path / "work", "metrics": tmp_path / "metrics"}
+    run_local(job_from_params(project(root).params.convert, {**where, **out}, root=root), progress=False)
+    again = run_validation(out["parquet"], out["manifests"], out["label_map"], DEFAULT)
+    assert _near(again)["status"] == "pass" and again["near_duplicates"]["pairs"] == []

@@ -18,12 +18,12 @@ from typing import Any
 import PIL
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map, shard_schema
 from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json, write_text
 from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import MANIFEST_SCHEMA
+from tasks.common.progress import Progress as _Bar
 from tasks.convert.imaging import BadImage, encode_image
 from tasks.convert.job import Job
 from tasks.convert.plan import ShardPlan, finished_stats, plan_split, remove_stale
@@ -105,20 +105,12 @@ class Progress:
     def __init__(self, plans: list[ShardPlan], enabled: bool = True) -> None:
         self.started = time.perf_counter()
         self.bytes = 0
-        self.bar = tqdm(
-            total=sum(p.stop - p.start for p in plans),
-            unit="img",
-            unit_scale=True,
-            desc="convert",
-            disable=not enabled,
-            dynamic_ncols=True,
-        )
+        self.bar = _Bar(sum(p.stop - p.start for p in plans), "convert", unit="img", enabled=enabled)
 
     def update(self, stats: dict[str, Any]) -> dict[str, Any]:
         self.bytes += stats["input_bytes"]
         mb_s = self.bytes / 1e6 / max(time.perf_counter() - self.started, 1e-9)
-        self.bar.set_postfix_str(f"{mb_s:.1f} MB/s", refresh=False)
-        self.bar.update(stats["count"] + len(stats["bad"]))
+        self.bar.update(stats["count"] + len(stats["bad"]), postfix=f"{mb_s:.1f} MB/s")
         return stats
 
     def close(self) -> None:

@@ -105,9 +105,9 @@ def test_the_dvc_yaml_params_of_each_stage_leave_out_exactly_the_speed_only_keys
     for stage in STAGE_SECTIONS:
         assert stages[stage]["params"] == dvc_params(stage), stage
     speed = {"download.retries", "download.backoff_s", "download.timeout_s", "download.chunk_mb",
-             "extract.materialize", "convert.workers", "convert.task_runner", "convert.dask_address"}
+             "extract.materialize", "convert.workers", "convert.task_runner", "convert.dask_address", "validate.workers"}
     listed = {key for stage in STAGE_SECTIONS for key in dvc_params(stage)}
-    assert not speed & listed and {"download.source", "convert.quality", "validate"} <= listed
+    assert not speed & listed and {"download.source", "convert.quality", "validate.decode_sample"} <= listed
 
 
 # ---------------------------------------------------------------- the run form and the models agree

@@ -120,6 +120,7 @@ class ValidateParams(Section):
     report_examples: int = Field(ge=0)
     contact_sheet_per_class: int = Field(ge=1)
     contact_sheet_classes: int = Field(ge=1)
+    workers: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(json_schema_extra=SPEED_ONLY)
 
     @field_validator("train_count", "val_count")
     @classmethod
@@ -320,3 +321,8 @@ def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
     return Project(file.parent, validate_params(doc, shown))
+
+
+def worker_count(workers: int | str) -> int:
+    """A `workers` param: a count, or "auto" = the CPUs this process may run on (affinity, cgroup cpusets)."""
+    return len(os.sched_getaffinity(0)) if workers == "auto" else int(workers)

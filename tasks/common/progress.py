@@ -26,10 +26,10 @@ def _every() -> float:
         return 5.0
 
 
-def _amount(value: float, unit: str) -> str:
+def _amount(value: float, unit: str, digits: int = 0) -> str:
     if unit == "B":
         return str(tqdm.format_sizeof(value, suffix="B", divisor=1000))
-    return f"{tqdm.format_sizeof(value, divisor=1000).strip()} {unit}"
+    return f"{value:,.{digits}f} {unit}"
 
 
 def _duration(seconds: float) -> str:
@@ -84,7 +84,7 @@ class Progress:
         parts = [f"{_amount(self.done, self.unit)} / {_amount(self.total, self.unit)}"]
         if self.total:
             parts[0] += f" ({100 * self.done / self.total:.1f} %)"
-        parts.append(f"{_amount(rate, self.unit)}/s")
+        parts.append(f"{_amount(rate, self.unit, digits=1)}/s")
         if rate > 0 and self.total > self.done:
             parts.append(f"ETA {_duration((self.total - self.done) / rate)}")
         if postfix:

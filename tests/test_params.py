@@ -31,7 +31,7 @@ def test_the_repository_params_validate():
     ("download", {"retries": "many"}, "download.retries: expected an integer in [0, 1000], found 'many'"),
     ("download", {"retries": -1}, "download.retries: expected an integer in [0, 1000], found -1"),
     ("convert", {"resize_shorter": 0}, "convert.resize_shorter: expected an integer in [1, 65536] or null, found 0"),
-    ("convert", {"workers": True}, "convert.workers: expected an integer in [1, 4096], found True"),
+    ("convert", {"workers": True}, "convert.workers: expected an integer in [1, 4096] or one of auto, found True"),
     ("convert", {"policy": "fast"}, "convert.policy: expected one of passthrough, reencode, found 'fast'"),
     ("convert", {"task_runner": "dask", "dask_address": None},
      "convert.dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, found null"),

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
@@ -87,6 +96,19 @@ class ExtractParams(Section):
         return self
 
 
+def _cpus_when_auto(value: Any) -> Any:
+    """`auto` = the CPUs this process may run on (affinity, cgroup cpusets), resolved when params.yaml is read."""
+    return len(os.sched_getaffinity(0)) if value == "auto" else value
+
+
+Workers = Annotated[
+    int,
+    BeforeValidator(_cpus_when_auto),
+    Field(ge=1, le=4096),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, {"enum": ["auto"]}]}),
+]
+
+
 class ConvertParams(Section):
     policy: Literal["passthrough", "reencode"]
     quality: int = Field(ge=1, le=100)
@@ -95,7 +117,7 @@ class ConvertParams(Section):
     full_decode: bool
     shard_mb: int | float = Field(ge=0.001, le=1 << 20)  # int stays int: it is recorded in the shards
     row_group_rows: int = Field(ge=1, le=1 << 24)
-    workers: int = Field(ge=1, le=4096, json_schema_extra=SPEED_ONLY)
+    workers: Workers = Field(json_schema_extra=SPEED_ONLY)
     task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
     dask_address: Text | None = Field(
         description="a Dask scheduler address (tcp://host:8786)", json_schema_extra=SPEED_ONLY
@@ -120,7 +142,7 @@ class ValidateParams(Section):
     report_examples: int = Field(ge=0)
     contact_sheet_per_class: int = Field(ge=1)
     contact_sheet_classes: int = Field(ge=1)
-    workers: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field(json_schema_extra=SPEED_ONLY)
+    workers: Workers = Field(json_schema_extra=SPEED_ONLY)
 
     @field_validator("train_count", "val_count")
     @classmethod
@@ -321,8 +343,3 @@ def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
     return Project(file.parent, validate_params(doc, shown))
-
-
-def worker_count(workers: int | str) -> int:
-    """A `workers` param: a count, or "auto" = the CPUs this process may run on (affinity, cgroup cpusets)."""
-    return len(os.sched_getaffinity(0)) if workers == "auto" else int(workers)

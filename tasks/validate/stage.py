@@ -17,7 +17,7 @@ from imagenet_parquet.format import COLUMNS, read_label_map
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import manifest_path
-from tasks.common.params import ValidateParams, worker_count
+from tasks.common.params import ValidateParams
 from tasks.validate.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
 from tasks.validate.dataset_checks import (
     class_count_check,
@@ -84,7 +84,7 @@ def run_validation(
     results += [class_set_check(classes, limit), class_count_check(classes, counts, limit)]
     manifest_result, totals = manifest_check(meta, manifests, bad, limit)
     results += [manifest_result, manifest_label_check(meta, manifests, limit)]
-    findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample), worker_count(params.workers))
+    findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample), params.workers)
     results += [
         row_failures("jpeg_soi", meta, findings.not_jpeg, limit, "stored images are JPEG"),
         row_failures("sha256_match", meta, findings.hash_mismatch, limit, "hashes match"),

@@ -17,6 +17,7 @@ in the same run. Prints markdown tables and a projection to ImageNet-1k (1,331,1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -88,35 +89,96 @@ def dvc_snapshot(pid: int | None) -> dict[str, float]:
     return {"cpu": proc_cpu(pid), **proc_io(pid)}
 
 
-def run_reaping(cmd: list[str]) -> int:
-    """Run cmd as a child subreaper: descendants orphaned on the way (a forkserver and its pool workers) are
-    reparented here and reaped, so their CPU and I/O count. A shared Prefect server's keeper is left running."""
+class TreeWatch(threading.Thread):
+    """Samples every thread of a process tree (the stage; a shared Prefect server's keeper left out) every `every`
+    s: per-thread I/O and CPU counters (they exclude reaped children, so nothing is counted twice) and each
+    process's VmHWM. Totals are the last values seen: what a thread did in its last `every` s is missed."""
+
+    def __init__(self, root: int, every: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.root, self.every, self.stop = root, every, threading.Event()
+        self.threads: dict[tuple[int, int, str], dict[str, float]] = {}
+        self.hwm: dict[int, int] = {}
+        self.own: dict[str, int] = {}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(self.every)
+        self.own = proc_io("thread-self")  # this thread's own reads of /proc: not the stage's
+
+    def sample(self) -> None:
+        for pid in descendants(self.root):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")), 0)
+                self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                    row: dict[str, float] = dict(proc_io(f"{pid}/task/{tid}"))
+                    row["cpu"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+                    self.threads[(pid, int(tid), stat[19])] = row  # (pid, tid, start time): pids are reused
+            except (OSError, StopIteration, IndexError, ValueError):
+                continue
+
+    def totals(self) -> dict[str, float]:
+        keys = ("cpu", *IO_KEYS)
+        return {**{k: sum(t.get(k, 0) for t in self.threads.values()) for k in keys},
+                "maxrss": max(self.hwm.values(), default=0)}
+
+
+def descendants(root: int) -> list[int]:
+    """root and every process below it, except a shared Prefect server's keeper and what it started."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            if b"prefect_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+        except OSError:
+            continue
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def run_watched(cmd: list[str]) -> tuple[int, dict[str, float]]:
+    """Run cmd as a child subreaper (descendants orphaned on the way stay in the tree, and are reaped here) and
+    sample its tree. Each figure is the larger of what the kernel folded into this process on reaping and the
+    sum of the samples (the first misses nothing when every process is reaped along the tree; the second only
+    each thread's last 0.2 s)."""
     import ctypes
 
     ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    rc = subprocess.run(cmd).returncode
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return rc
-        if pid == 0:
-            if not [p for p in children() if b"prefect_server" not in p and b"prefect server" not in p]:
-                return rc
-            time.sleep(0.05)
+    before = proc_io()
+    proc = subprocess.Popen(cmd)
+    watch = TreeWatch(proc.pid)
+    watch.start()
+    rc = proc.wait()
+    while [p for p in descendants(os.getpid()) if p != os.getpid()]:  # orphans left behind (a forkserver, ...)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)
+        time.sleep(0.05)
+    watch.stop.set()
+    watch.join()
+    after, sampled = proc_io(), watch.totals()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    reaped = {"cpu": usage.ru_utime + usage.ru_stime,
+              **{k: after[k] - before[k] - watch.own.get(k, 0) for k in IO_KEYS}}
+    return rc, {**sampled, **{k: max(v, sampled[k]) for k, v in reaped.items()}}
 
 
-def children() -> list[bytes]:
-    """Command lines of this process's live children."""
-    found = []
-    for entry in os.scandir("/proc"):
-        try:
-            stat = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            if entry.name.isdigit() and int(stat[1]) == os.getpid() and stat[0] != "Z":
-                found.append(Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" "))
-        except (OSError, IndexError):
-            continue
-    return found
+def _own_and_reaped_cpu() -> float:
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in used)
 
 
 def wrap_stage(argv: list[str]) -> int:
@@ -125,13 +187,12 @@ def wrap_stage(argv: list[str]) -> int:
     assert sep == "--" and cmd, argv
     drop_cache([Path("data"), Path(".dvc") / "cache", Path(mirror)])
     parent = dvc_pid()
-    before_dvc, before_io, start = dvc_snapshot(parent), proc_io(), time.time()
-    rc = run_reaping(cmd)
-    end, after_io, after_dvc = time.time(), proc_io(), dvc_snapshot(parent)
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    row = {"stage": name, "start": start, "end": end, "rc": rc, "cpu": usage.ru_utime + usage.ru_stime,
-           "maxrss": usage.ru_maxrss * 1024, **{k: after_io[k] - before_io[k] for k in IO_KEYS},
-           "dvc_before": before_dvc, "dvc_after": after_dvc}
+    before_dvc, start = dvc_snapshot(parent), time.time()
+    rc, tree = run_watched(cmd)
+    end, after_dvc = time.time(), dvc_snapshot(parent)
+    # what DVC's /proc/<pid>/io will have folded in once it reaps this process: subtracted from DVC's own
+    row = {"stage": name, "start": start, "end": end, "rc": rc, **tree, "dvc_before": before_dvc,
+           "dvc_after": after_dvc, "folded": {**proc_io(), "cpu": _own_and_reaped_cpu()}}
     with open(record, "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")
     return rc
@@ -303,9 +364,11 @@ def stage_rows(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         rows.append((f"dvc: {prev_name} -> {st['stage']}", gap))
         rows.append((st["stage"], {"wall": st["end"] - st["start"], **st}))
         prev_end, prev_dvc, prev_name = st["end"], st["dvc_after"] or dvc, st["stage"]
-        prev_io = {k: st[k] for k in IO_KEYS}
-    done = {k: sum(r[k] for _, r in rows) for k in ("cpu", *IO_KEYS)}
-    last = {"wall": total["end"] - prev_end, "maxrss": 0, **{k: total[k] - done[k] for k in ("cpu", *IO_KEYS)}}
+        prev_io = {k: st.get("folded", st)[k] for k in IO_KEYS}
+    keys = ("cpu", *IO_KEYS)  # DVC's last stretch: all it was charged, less the stages and the earlier stretches
+    folded = {k: sum(st.get("folded", st)[k] for st in stages) for k in keys}
+    gaps = {k: sum(r[k] for n, r in rows if n.startswith("dvc:")) for k in keys}
+    last = {"wall": total["end"] - prev_end, "maxrss": 0, **{k: total[k] - folded[k] - gaps[k] for k in keys}}
     rows.append((f"dvc: {prev_name} -> end", last))
     return rows
 

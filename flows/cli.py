@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tasks.common import PipelineError
 from tasks.common.params import load_project
+from tasks.common.prefect_server import shared_server
 
 
 def main(
@@ -21,12 +24,33 @@ def main(
 
     params.yaml is validated whole first, so a bad key fails in a second, before Prefect starts. A PipelineError
     (or one of `user_errors`, e.g. imagenet_parquet's FormatError) already says what is wrong and what to do: it is
-    printed without a traceback, and the command exits 1."""
+    printed without a traceback, and the command exits 1.
+
+    Without a configured Prefect API, the stages of one `dvc repro` share one server (tasks.common.prefect_server)
+    instead of each starting Prefect's temporary one."""
     handled: tuple[type[Exception], ...] = (PipelineError, *user_errors)
     try:
         if check_params:
             load_project(kwargs.get("params_file", "params.yaml"))
-        flow_fn(**kwargs)
+        with prefect_api():
+            flow_fn(**kwargs)
     except handled as err:
         print(f"\nerror: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """The configured Prefect API (PREFECT_API_URL, a profile), else the run's shared server for this process and
+    its children."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if get_current_settings().api.url:
+        yield
+        return
+    with shared_server() as url, temporary_settings(updates={PREFECT_API_URL: url}):
+        os.environ["PREFECT_API_URL"] = url  # worker processes (convert's pool) inherit it
+        try:
+            yield
+        finally:
+            os.environ.pop("PREFECT_API_URL", None)

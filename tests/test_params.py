@@ -31,7 +31,7 @@ def test_the_repository_params_validate():
     ("download", {"retries": "many"}, "download.retries: expected an integer in [0, 1000], found 'many'"),
     ("download", {"retries": -1}, "download.retries: expected an integer in [0, 1000], found -1"),
     ("convert", {"resize_shorter": 0}, "convert.resize_shorter: expected an integer in [1, 65536] or null, found 0"),
-    ("convert", {"workers": True}, "convert.workers: expected an integer in [1, 4096], found True"),
+    ("convert", {"workers": True}, "convert.workers: expected an integer in [1, 4096] or one of auto, found True"),
     ("convert", {"policy": "fast"}, "convert.policy: expected one of passthrough, reencode, found 'fast'"),
     ("convert", {"task_runner": "dask", "dask_address": None},
      "convert.dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, found null"),
@@ -105,9 +105,9 @@ def test_the_dvc_yaml_params_of_each_stage_leave_out_exactly_the_speed_only_keys
     for stage in STAGE_SECTIONS:
         assert stages[stage]["params"] == dvc_params(stage), stage
     speed = {"download.retries", "download.backoff_s", "download.timeout_s", "download.chunk_mb",
-             "extract.materialize", "convert.workers", "convert.task_runner", "convert.dask_address"}
+             "extract.materialize", "convert.workers", "convert.task_runner", "convert.dask_address", "validate.workers"}
     listed = {key for stage in STAGE_SECTIONS for key in dvc_params(stage)}
-    assert not speed & listed and {"download.source", "convert.quality", "validate"} <= listed
+    assert not speed & listed and {"download.source", "convert.quality", "validate.decode_sample"} <= listed
 
 
 # ---------------------------------------------------------------- the run form and the models agree

@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
-
 from tasks.common import write_json
+from tasks.common.progress import Progress
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -67,21 +66,10 @@ def forget_md5(path: str | os.PathLike[str], cache_file: Path) -> None:
 
 
 def compute_md5(path: str | os.PathLike[str], chunk: int = CHUNK, progress: bool = True) -> str:
-    """One sequential pass over the file, with a progress bar (bytes, rate, ETA)."""
+    """One sequential pass over the file, with progress (bytes, rate, ETA; plain lines without a terminal)."""
     digest = hashlib.md5()
     size = os.stat(path).st_size
-    with (
-        open(path, "rb") as fh,
-        tqdm(
-            total=size,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=f"md5 {Path(path).name}",
-            disable=not progress,
-            leave=False,
-        ) as bar,
-    ):
+    with open(path, "rb") as fh, Progress(size, f"md5 {Path(path).name}", enabled=progress) as bar:
         while block := fh.read(chunk):
             digest.update(block)
             bar.update(len(block))

@@ -19,7 +19,16 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
@@ -101,6 +110,19 @@ class ExtractParams(Section):
         return self
 
 
+def _cpus_when_auto(value: Any) -> Any:
+    """`auto` = the CPUs this process may run on (affinity, cgroup cpusets), resolved when params.yaml is read."""
+    return len(os.sched_getaffinity(0)) if value == "auto" else value
+
+
+Workers = Annotated[
+    int,
+    BeforeValidator(_cpus_when_auto),
+    Field(ge=1, le=4096),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1, "maximum": 4096}, {"enum": ["auto"]}]}),
+]
+
+
 class ConvertParams(Section):
     policy: Literal["passthrough", "reencode"]
     quality: int = Field(ge=1, le=100)
@@ -109,7 +131,7 @@ class ConvertParams(Section):
     full_decode: bool
     shard_mb: int | float = Field(ge=0.001, le=1 << 20)  # int stays int: it is recorded in the shards
     row_group_rows: int = Field(ge=1, le=1 << 24)
-    workers: int = Field(ge=1, le=4096, json_schema_extra=SPEED_ONLY)
+    workers: Workers = Field(json_schema_extra=SPEED_ONLY)
     task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
     dask_address: Text | None = Field(
         description="a Dask scheduler address (tcp://host:8786)", json_schema_extra=SPEED_ONLY
@@ -137,6 +159,7 @@ class ValidateParams(Section):
     near_duplicates_distance: int = Field(ge=0, le=16, description="Hamming distance between 64-bit fingerprints")
     near_duplicates_max_pairs: int = Field(ge=0)
     near_duplicates_train_distance: int = Field(ge=0, le=8, description="Hamming distance within train")
+    workers: Workers = Field(json_schema_extra=SPEED_ONLY)
 
     @field_validator("train_count", "val_count")
     @classmethod

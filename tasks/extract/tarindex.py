@@ -16,10 +16,11 @@ import tarfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Literal, TypedDict
 
 from tasks.common import PipelineError
+from tasks.common.progress import Progress
 
 ReadMode = Literal["r", "r:*", "r:", "r:gz", "r:bz2", "r:xz"]  # tarfile.open's random-access read modes
 
@@ -148,11 +149,21 @@ def collisions(split: str, source: str, members: Iterable[str]) -> list[dict[str
 
 
 def _index_members(
-    tar: tarfile.TarFile, archive: str, limit: int, split: str, source: str, wnid: str, prefix: str = "", base: int = 0
+    tar: tarfile.TarFile,
+    archive: str,
+    limit: int,
+    split: str,
+    source: str,
+    wnid: str,
+    prefix: str = "",
+    base: int = 0,
+    bar: Progress | None = None,
 ) -> tuple[list[Entry], list[dict[str, str]]]:
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
     for info in safe_members(tar, archive, limit):
+        if bar is not None:
+            bar.update(info.offset_data + info.size - bar.done)
         if info.isdir():
             continue
         member = prefix + info.name
@@ -179,8 +190,9 @@ def open_tar(path: str | os.PathLike[str], mode: ReadMode = "r:") -> tarfile.Tar
 
 def index_tar(path: str | os.PathLike[str], split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
     """Index a flat tar (the val archive): one Entry per image member, plus report entries."""
-    with open_tar(path) as tar:
-        return _index_members(tar, str(path), os.path.getsize(path), split, source, wnid="")
+    size = os.path.getsize(path)
+    with open_tar(path) as tar, Progress(size, f"tar scan {Path(path).name}") as bar:
+        return _index_members(tar, str(path), size, split, source, wnid="", bar=bar)
 
 
 def index_nested(path: str | os.PathLike[str], split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
@@ -188,8 +200,10 @@ def index_nested(path: str | os.PathLike[str], split: str, source: str) -> tuple
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
     class_tars: list[str] = []
-    with open_tar(path) as outer:
-        for inner in safe_members(outer, str(path), os.path.getsize(path)):
+    size = os.path.getsize(path)
+    with open_tar(path) as outer, Progress(size, f"tar scan {Path(path).name}") as bar:
+        for inner in safe_members(outer, str(path), size):
+            bar.update(inner.offset_data - bar.done)  # the class tars before this one are indexed
             if inner.isdir():
                 continue
             match = CLASS_TAR.match(PurePosixPath(inner.name).name)

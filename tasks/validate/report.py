@@ -12,7 +12,7 @@ import pandas as pd
 from imagenet_parquet.format import FIELDS
 from tasks.common import SPLITS, write_json, write_text
 from tasks.common.layout import REPORT_MD
-from tasks.common.params import ValidateParams
+from tasks.common.params import ValidateParams, output_keys
 from tasks.validate.checks import CheckResult
 
 REPORT_JSON = "schema_report.json"
@@ -45,7 +45,7 @@ def build_report(
     report: dict[str, Any] = plain(
         {
             "status": status,
-            "params": params.model_dump(),
+            "params": params.model_dump(include=set(output_keys("validate"))),  # not workers: same report
             "schema": {
                 "columns": [{"name": n, "type": str(t)} for n, t in FIELDS],
                 "metadata": ["huggingface", "imagenet_parquet"],

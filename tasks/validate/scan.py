@@ -6,10 +6,14 @@ never by the number of rows."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import multiprocessing
 import os
+import re
 from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,10 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index, read_indexed
+from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index
 from tasks.common import SPLITS, PipelineError
+from tasks.common.progress import Progress
 
 JPEG_SOI = b"\xff\xd8"
+POOL_MIN_BYTES = 64 << 20  # less than this is checked in-process: a pool's start costs more than it saves
 
 
 @dataclass(frozen=True)
@@ -115,60 +121,155 @@ class ByteFindings:
     decoded: dict[str, int] = field(default_factory=dict)
     image_bytes: dict[str, int] = field(default_factory=dict)
 
+    def count(self, split: str, data: pa.Buffer | None, decoded: bool) -> None:
+        self.image_bytes[split] = self.image_bytes.get(split, 0) + (data.size if data is not None else 0)
+        self.decoded[split] = self.decoded.get(split, 0) + int(decoded)
 
-def scan_bytes(plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray) -> ByteFindings:
-    """Stream every row's stored bytes once: JPEG SOI marker, SHA-256 against `sha256`, Pillow decode of the
-    rows where `decode` is true (the decoded size must equal width × height), and the footer's byte index
-    (the bytes one pread at the indexed offset returns must equal `image.bytes`)."""
-    findings = ByteFindings()
+    def merge(self, other: ByteFindings) -> None:
+        """Add another shard's findings (rows are global indices: no overlap)."""
+        for name in ("not_jpeg", "hash_mismatch", "undecodable", "index_mismatch"):
+            getattr(self, name).update(getattr(other, name))
+        self.unindexed += other.unindexed
+        for split, value in other.decoded.items():
+            self.decoded[split] = self.decoded.get(split, 0) + value
+        for split, value in other.image_bytes.items():
+            self.image_bytes[split] = self.image_bytes.get(split, 0) + value
+
+
+@dataclass(frozen=True)
+class ShardScan:
+    """What one worker needs to check one shard's bytes: its rows' recorded sha256, width × height, decode flag."""
+
+    split: str
+    path: Path
+    first: int
+    rows: int
+    sha: np.ndarray
+    size: np.ndarray
+    decode: np.ndarray
+
+
+def scan_bytes(
+    plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray, workers: int = 1, progress: bool = True
+) -> ByteFindings:
+    """Every shard's stored bytes, read once, checked by `scan_shard` (in a pool of `workers` processes when
+    there is more than one shard); findings merged in shard order, so the result does not depend on `workers`."""
     sha = meta["sha256"].to_numpy() if "sha256" in meta else np.full(len(meta), None)
     size = meta.reindex(columns=["width", "height"]).to_numpy()
-    for shard in plan:
-        fd = os.open(shard.path, os.O_RDONLY)
-        try:
-            index = _byte_index(shard, findings)
-            for start, blobs in iter_row_groups(shard.path, footer=shard.footer):
-                for offset in range(len(blobs)):
-                    row = shard.first + start + offset
-                    data = blobs[offset].as_buffer() if blobs[offset].is_valid else None
-                    _check_blob(row, data, sha[row], size[row], bool(decode[row]), findings)
-                    if index is not None:
-                        _check_indexed(row, data, fd, index[start + offset], shard.path, findings)
-                    findings.image_bytes[shard.split] = findings.image_bytes.get(shard.split, 0) + (
-                        data.size if data is not None else 0
-                    )
-                    findings.decoded[shard.split] = findings.decoded.get(shard.split, 0) + int(decode[row])
-        finally:
-            os.close(fd)
+    jobs = [
+        ShardScan(s.split, s.path, s.first, s.rows, *(a[s.first : s.first + s.rows] for a in (sha, size, decode)))
+        for s in plan
+    ]
+    findings = ByteFindings()
+    if sum(s.path.stat().st_size for s in plan) < POOL_MIN_BYTES:
+        workers = 1
+    with Progress(len(meta), "validate", unit="img", enabled=progress) as bar, _pool(min(workers, len(jobs))) as pool:
+        for found, job in zip(pool.map(scan_shard, jobs), jobs, strict=True):
+            findings.merge(found)
+            bar.update(job.rows)
     return findings
 
 
-def _byte_index(shard: Shard, findings: ByteFindings) -> np.ndarray | None:
+@contextlib.contextmanager
+def _pool(workers: int) -> Iterator[Executor]:
+    """A process pool of `workers` (forkserver, scan preloaded), or this process when one is enough."""
+    if workers <= 1:
+        with ThreadPoolExecutor(max_workers=1) as inline:
+            yield inline
+        return
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        yield pool
+
+
+def scan_shard(job: ShardScan) -> ByteFindings:
+    """One shard, one read: each row group's `image.bytes` column chunk is read once (through `_Recorder`);
+    every row is checked for the JPEG SOI marker, SHA-256 against `sha256`, a Pillow decode where `decode` is
+    set (to width × height), and the footer's byte index against those same bytes."""
+    findings = ByteFindings()
+    with open(job.path, "rb") as raw:
+        source = _Recorder(raw)
+        pf = pq.ParquetFile(source)
+        index = _byte_index(job, pf.metadata, findings)
+        start = 0
+        for group in range(pf.num_row_groups):
+            source.blocks.clear()
+            blobs = pf.read_row_group(group, columns=["image.bytes"], use_threads=False)
+            blobs = blobs.column("image").combine_chunks().field("bytes")
+            for offset in range(len(blobs)):
+                row = start + offset
+                data = blobs[offset].as_buffer() if blobs[offset].is_valid else None
+                _check_blob(job.first + row, data, job.sha[row], job.size[row], bool(job.decode[row]), findings)
+                if index is not None:
+                    _check_indexed(job.first + row, data, source, index[row], findings)
+                findings.count(job.split, data, bool(job.decode[row]))
+            start += len(blobs)
+    return findings
+
+
+class _Recorder(io.RawIOBase):
+    """A read-only file that keeps the blocks it served since `blocks.clear()` (a row group's column chunk):
+    the byte-index check then compares against the bytes already read instead of reading them again."""
+
+    def __init__(self, raw: io.BufferedReader) -> None:
+        self.raw = raw
+        self.blocks: list[tuple[int, bytes]] = []
+        self.size = os.fstat(raw.fileno()).st_size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        at = self.raw.tell()
+        data = self.raw.read(size)
+        self.blocks.append((at, data))
+        return data
+
+    def at(self, offset: int, size: int) -> bytes:
+        """`size` bytes at `offset`: from a recorded block when it holds them, else one pread."""
+        for start, block in self.blocks:
+            if start <= offset and offset + size <= start + len(block):
+                return block[offset - start : offset - start + size]
+        return os.pread(self.raw.fileno(), size, offset)
+
+
+def _byte_index(job: ShardScan, footer: pq.FileMetaData, findings: ByteFindings) -> np.ndarray | None:
     """The shard's footer byte index; a wrong entry count marks every row of the shard."""
     try:
-        index = decode_image_index(shard.footer.metadata, shard.rows, shard.path)
+        index = decode_image_index(footer.metadata, job.rows, job.path)
     except ValueError as err:
-        findings.index_mismatch.update({shard.first + r: str(err) for r in range(shard.rows)})
+        findings.index_mismatch.update({job.first + r: str(err) for r in range(job.rows)})
         return None
     if index is None:
-        findings.unindexed.append(f"{shard.split}/{shard.path.name}")
+        findings.unindexed.append(f"{job.split}/{job.path.name}")
     return index
 
 
 def _check_indexed(
-    row: int, data: pa.Buffer | None, fd: int, entry: np.ndarray, path: Path, findings: ByteFindings
+    row: int, data: pa.Buffer | None, source: _Recorder, entry: np.ndarray, findings: ByteFindings
 ) -> None:
-    try:
-        found = read_indexed(fd, entry, path)
-    except ValueError:
+    """The indexed bytes (a PLAIN value: 4-byte little-endian length, then the bytes) must be the row's value."""
+    offset, size = int(entry[0]), int(entry[1])
+    found = source.at(offset - 4, size + 4) if offset >= 4 and offset + size <= source.size else b""
+    if len(found) != size + 4 or int.from_bytes(found[:4], "little") != size:
         findings.index_mismatch[row] = (
-            f"{IMAGE_INDEX_KEY} points at offset {int(entry[0])}, where no {int(entry[1])}-byte image value is stored"
+            f"{IMAGE_INDEX_KEY} points at offset {offset}, where no {size}-byte image value is stored"
         )
         return
-    if data is None or not data.equals(pa.py_buffer(found)):
+    if data is None or not data.equals(pa.py_buffer(found[4:])):
         findings.index_mismatch[row] = (
-            f"{IMAGE_INDEX_KEY} offset {int(entry[0])} holds "
-            f"{int(entry[1])} bytes (sha256 {hashlib.sha256(found).hexdigest()[:16]}…) "
+            f"{IMAGE_INDEX_KEY} offset {offset} holds "
+            f"{size} bytes (sha256 {hashlib.sha256(found[4:]).hexdigest()[:16]}…) "
             "that differ from the row's image.bytes"
         )
 
@@ -195,7 +296,8 @@ def decode_problem(view: memoryview, size: np.ndarray) -> str | None:
             image.load()
             found = image.size
     except Exception as err:  # any decoder failure is a finding, reported with its message
-        return f"Pillow cannot decode it: {type(err).__name__}: {err}"
+        message = re.sub(r" <[^<>]* at 0x[0-9a-fA-F]+>", "", str(err))  # no object address: same report every run
+        return f"Pillow cannot decode it: {type(err).__name__}: {message}"
     expected = tuple(int(v) if pd.notna(v) else -1 for v in size)
     if found != expected:
         return f"decodes to {found[0]}x{found[1]}, the row says {expected[0]}x{expected[1]}"

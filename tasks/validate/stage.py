@@ -86,7 +86,7 @@ def run_validation(
     results += [class_set_check(classes, limit), class_count_check(classes, counts, limit)]
     manifest_result, totals = manifest_check(meta, manifests, bad, limit)
     results += [manifest_result, manifest_label_check(meta, manifests, limit)]
-    findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample))
+    findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample), params.workers)
     results += [
         row_failures("jpeg_soi", meta, findings.not_jpeg, limit, "stored images are JPEG"),
         row_failures("sha256_match", meta, findings.hash_mismatch, limit, "hashes match"),

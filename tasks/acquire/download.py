@@ -22,9 +22,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.acquire.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
-from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5, stat_key
+from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5
 from tasks.acquire.sample import MD5_TABLE, write_sample
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
+from tasks.common.dvc_state import stat_key
 from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
 
 __all__ = [

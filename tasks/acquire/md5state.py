@@ -11,22 +11,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.common import write_json
+from tasks.common.dvc_state import stat_key, state_get, state_put
 from tasks.common.progress import Progress
-
-if TYPE_CHECKING:
-    from dvc.repo import Repo
 
 CHUNK = 8 << 20
 CACHE_NAME = "md5_cache.json"  # under paths.work
-
-
-def stat_key(path: str | os.PathLike[str]) -> dict[str, int]:
-    """Identity of the bytes behind `path` (a link is followed): size, mtime_ns, inode."""
-    st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
 
 
 def _load(cache_file: Path) -> dict[str, dict[str, Any]]:
@@ -46,7 +38,7 @@ def cached_md5(path: str | os.PathLike[str], cache_file: Path) -> tuple[str | No
     entry = _load(cache_file).get(os.path.abspath(path))
     if entry and entry.get("key") == stat_key(path):
         return entry["md5"], entry.get("origin", "cache")
-    md5 = _dvc_state_get(path)
+    md5 = state_get(path)
     return (md5, "dvc-state") if md5 else (None, "")
 
 
@@ -56,7 +48,7 @@ def remember_md5(path: str | os.PathLike[str], md5: str, cache_file: Path, origi
     entries[os.path.abspath(path)] = {"key": stat_key(path), "md5": md5, "origin": origin}
     _save(cache_file, entries)
     if dvc:
-        _dvc_state_put(path, md5)
+        state_put([(path, md5, stat_key(path))])
 
 
 def forget_md5(path: str | os.PathLike[str], cache_file: Path) -> None:
@@ -74,40 +66,3 @@ def compute_md5(path: str | os.PathLike[str], chunk: int = CHUNK, progress: bool
             digest.update(block)
             bar.update(len(block))
     return digest.hexdigest()
-
-
-def _dvc_repo(path: str | os.PathLike[str]) -> Repo | None:
-    """The DVC repo around the current directory when it contains `path`, else None."""
-    try:
-        from dvc.repo import Repo
-
-        repo = Repo(uninitialized=False)
-    except Exception:  # not a DVC repo, or DVC cannot open it: the JSON cache still works
-        return None
-    if Path(os.path.abspath(path)).is_relative_to(repo.root_dir):
-        return repo
-    repo.close()
-    return None
-
-
-def _dvc_state_get(path: str | os.PathLike[str]) -> str | None:
-    repo = _dvc_repo(path)
-    if repo is None:
-        return None
-    try:
-        _meta, hash_info = repo.state.get(os.path.abspath(path), repo.fs)
-        return hash_info.value if hash_info is not None and hash_info.name == "md5" else None
-    finally:
-        repo.close()
-
-
-def _dvc_state_put(path: str | os.PathLike[str], md5: str) -> None:
-    repo = _dvc_repo(path)
-    if repo is None:
-        return
-    try:
-        from dvc_data.hashfile.hash_info import HashInfo
-
-        repo.state.save(os.path.abspath(path), repo.fs, HashInfo("md5", md5))
-    finally:
-        repo.close()

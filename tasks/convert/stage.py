@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map, shard_schema
 from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json, write_text
+from tasks.common.dvc_state import stat_key, state_put
 from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import MANIFEST_SCHEMA
 from tasks.common.progress import Progress as _Bar
@@ -75,7 +76,9 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     schema = shard_schema(label_map, job.output_params(), plan.split)
     tally = _Tally(split=plan.split)
     try:
-        count = write_shard(shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally))
+        count, md5 = write_shard(
+            shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally)
+        )
     except OSError as err:  # ENOSPC, EROFS, EACCES... (write_shard leaves no partial file under the final name)
         raise PipelineError(
             f"{shard.parent}: expected to write {shard.name} here, found {err.strerror or err} (errno {err.errno}); "
@@ -92,6 +95,8 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
         "image_bytes": tally.image_bytes,
         "file_bytes": shard.stat().st_size,
         "row_groups": pq.read_metadata(shard).num_row_groups,
+        "md5": md5,  # with the file's stat when hashed: finalize hands it to DVC's state (no second hash)
+        "stat": stat_key(shard),
         "seconds": round(time.perf_counter() - started, 3),
     }
     write_json(stats_path, stats)
@@ -110,6 +115,7 @@ def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], se
     write_json(job.work / "logs" / "convert.json", timings)
     print(f"convert: {timings['seconds']:.1f} s, {timings['images_per_s']} img/s, {timings['mb_per_s']} MB/s")
     _check_bad_fraction(job, metrics)
+    state_put((job.shard_path(p), r["md5"], r["stat"]) for p, r in zip(plans, ordered, strict=True) if "md5" in r)
     return {**metrics, **timings}
 
 

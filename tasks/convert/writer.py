@@ -4,6 +4,7 @@ written (the footer byte index of imagenet_parquet.format), with fixed settings 
 from __future__ import annotations
 
 import functools
+import hashlib
 import mmap
 import struct
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ class ShardWriter:
     path: Path
     schema: pa.Schema
     row_group_rows: int
+    md5: str = field(default="", init=False)  # of the whole file, once written (handed to DVC: no second hash)
 
     def write(self, rows: Iterator[dict[str, Any]]) -> int:
         """Consume `rows` (dicts in schema order), holding at most one row group in memory; returns the count.
@@ -53,6 +55,10 @@ class ShardWriter:
                     pending, size = [], 0
             count += self._flush(writer, pending, index)
             writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(index.entries)})
+        with open(self.path, "rb") as written:  # the footer: the only bytes ImageIndex has not hashed yet
+            written.seek(index.done)
+            index.md5.update(written.read())
+        self.md5 = index.md5.hexdigest()
         return count
 
     def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], index: ImageIndex) -> int:
@@ -68,8 +74,9 @@ class ImageIndex:
 
     raw: Any
     path: Path
-    done: int = 0  # bytes already searched
+    done: int = 0  # bytes already searched (and hashed)
     entries: list[tuple[int, int]] = field(default_factory=list)
+    md5: Any = field(default_factory=hashlib.md5)  # of the bytes before `done`: the file's MD5 in the same pass
 
     def add(self, values: list[bytes]) -> None:
         """Locate `values` (the row group just written) in the bytes written since the previous call (mmap: the
@@ -78,6 +85,8 @@ class ImageIndex:
         end = self.raw.tell()
         with mmap.mmap(self.raw.fileno(), end, access=mmap.ACCESS_READ) as region:
             self.entries += locate_values(region, self.done, end, values, self.path)
+            with memoryview(region) as view:
+                self.md5.update(view[self.done : end])
         self.done = end
 
 
@@ -158,8 +167,10 @@ def writer_options() -> dict[str, Any]:
     }
 
 
-def write_shard(path: Path, schema: pa.Schema, row_group_rows: int, rows: Iterator[dict[str, Any]]) -> int:
-    """Write `rows` to `path` atomically (temp name in the same directory, renamed when complete)."""
+def write_shard(path: Path, schema: pa.Schema, row_group_rows: int, rows: Iterator[dict[str, Any]]) -> tuple[int, str]:
+    """Write `rows` to `path` atomically (temp name in the same directory, renamed when complete); returns the row
+    count and the file's MD5 (computed from the bytes as they were written: no read back of the image data)."""
     with atomic_path(path) as tmp:
-        count = ShardWriter(tmp, schema, row_group_rows).write(rows)
-    return count
+        writer = ShardWriter(tmp, schema, row_group_rows)
+        count = writer.write(rows)
+    return count, writer.md5

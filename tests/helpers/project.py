@@ -43,3 +43,13 @@ def unactivated_dvc(project: Path, *args: str, timeout: float = 300) -> subproce
     env["PATH"] = BARE_PATH
     return subprocess.run([str(VENV / "bin" / "dvc"), *args], cwd=project, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+ALWAYS_CHANGED = "download:\n\talways changed\n"  # dvc.yaml: download stats the source on every run (issue 14)
+
+
+def up_to_date(status: str) -> bool:
+    """`dvc status` output says nothing is stale but the download stage (always_changed: it only stats the
+    source, and an unchanged source changes no output, so nothing after it reruns)."""
+    rest = status.replace(ALWAYS_CHANGED, "").strip()
+    return rest in ("", "Data and pipelines are up to date.")

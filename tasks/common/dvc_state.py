@@ -1,0 +1,67 @@
+"""MD5s handed to DVC's state database, so `dvc repro` does not read again what a stage already hashed.
+
+DVC remembers a file's MD5 against its inode, mtime and size; an entry saved here for the file as it is now is used
+by DVC when it hashes a stage's deps and outs (a changed file misses). Outside a DVC repo every call is a no-op."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dvc.repo import Repo
+
+
+def stat_key(path: str | os.PathLike[str]) -> dict[str, int]:
+    """Identity of the bytes behind `path` (a link is followed): size, mtime_ns, inode."""
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
+def open_repo(path: str | os.PathLike[str]) -> Repo | None:
+    """The DVC repo holding `path` (the nearest directory above it with a `.dvc/`), else None — found without
+    importing DVC, so files outside any DVC repo cost nothing."""
+    here = Path(os.path.abspath(path))
+    root = next((d for d in here.parents if (d / ".dvc").is_dir()), None)
+    if root is None:
+        return None
+    try:
+        from dvc.repo import Repo
+
+        return Repo(str(root), uninitialized=False)
+    except Exception:  # DVC cannot open it (or is not installed): callers fall back to hashing themselves
+        return None
+
+
+def state_get(path: str | os.PathLike[str]) -> str | None:
+    """The MD5 DVC recorded for the file as it is now, else None."""
+    repo = open_repo(path)
+    if repo is None:
+        return None
+    try:
+        _meta, hash_info = repo.state.get(os.path.abspath(path), repo.fs)
+        return hash_info.value if hash_info is not None and hash_info.name == "md5" else None
+    finally:
+        repo.close()
+
+
+def state_put(entries: Iterable[tuple[str | os.PathLike[str], str, dict[str, int]]]) -> int:
+    """Save (path, md5, stat_key when the MD5 was computed) in DVC's state, one repo open for all; an entry whose
+    file changed since (another stat_key) is skipped: DVC then hashes it itself. Returns the entries saved."""
+    todo = list(entries)
+    repo = open_repo(todo[0][0]) if todo else None
+    if repo is None:
+        return 0
+    try:
+        from dvc_data.hashfile.hash_info import HashInfo
+
+        saved = 0
+        for path, md5, key in todo:
+            if os.path.exists(path) and stat_key(path) == key:
+                repo.state.save(os.path.abspath(path), repo.fs, HashInfo("md5", md5))
+                saved += 1
+        return saved
+    finally:
+        repo.close()

@@ -268,9 +268,12 @@ def prepare(project: Path, mirror: Path, record: Path) -> None:
     params["download"]["source"] = str(mirror)
     params["verify"]["checksums"] = str(mirror / sample.MD5_TABLE)
     params["validate"]["train_count"] = [1, 1300]
+    if "near_duplicates_max_pairs" in params["validate"]:  # the mirror cycles 1000 real images: every variant
+        params["validate"]["near_duplicates_max_pairs"] = 10**9  # is a near-duplicate by design (a warning here)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     wrap = f"python {Path(__file__).resolve()} --wrap-stage \\2 {record} {mirror} -- \\1"
-    dvc = re.sub(r"cmd: (python -m flows\.(\w+))", "cmd: " + wrap, (project / "dvc.yaml").read_text())
+    stage_cmd = r"cmd: ((?:scripts/)?python -m flows\.(\w+))"  # scripts/python since issue 14
+    dvc = re.sub(stage_cmd, "cmd: " + wrap, (project / "dvc.yaml").read_text())
     (project / "dvc.yaml").write_text(dvc)
 
 

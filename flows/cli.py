@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -33,10 +34,34 @@ def main(
         if check_params:
             load_project(kwargs.get("params_file", "params.yaml"))
         with prefect_api():
+            no_traceback_for(handled)
             flow_fn(**kwargs)
     except handled as err:
         print(f"\nerror: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+class _StripTraceback(logging.Filter):
+    """Drops the traceback from a log record whose exception is one of `errors` (it says what to do already)."""
+
+    def __init__(self, errors: tuple[type[Exception], ...]) -> None:
+        super().__init__()
+        self.errors = errors
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.errors):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def no_traceback_for(errors: tuple[type[Exception], ...]) -> None:
+    """Prefect's flow engine logs a failed flow's exception with its traceback; for the user-facing errors the
+    message is the whole story, so every handler of Prefect's loggers (and the root's) drops the traceback."""
+    strip = _StripTraceback(errors)
+    names = sorted(n for n in logging.root.manager.loggerDict if n.startswith("prefect"))
+    for logger in [logging.getLogger(n) for n in names] + [logging.getLogger()]:
+        for handler in logger.handlers:
+            handler.addFilter(strip)
 
 
 @contextlib.contextmanager

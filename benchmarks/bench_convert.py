@@ -36,7 +36,7 @@ WORK = REPO / "benchmarks" / "_work" / "convert"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
 sys.path.insert(0, str(REPO))
 
-from tasks.common.params import paths  # noqa: E402
+from tasks.common.params import load_project  # noqa: E402
 from tasks.convert.distribute import run_local  # noqa: E402
 from tasks.convert.job import job_from_params  # noqa: E402
 
@@ -140,9 +140,11 @@ def byte_copy(root: Path, out: Path) -> int:
 
 def stage(root: Path, out: Path, policy: str, workers: int, row_group_rows: int = 100, shard_mb: float = 256,
           pool: ProcessPoolExecutor | None = None) -> int:
-    cfg = {"policy": policy, "quality": 95, "resize_shorter": None, "exif": "keep", "shard_mb": shard_mb,
-           "row_group_rows": row_group_rows, "max_bad_fraction": 0.01, "max_image_pixels": 178956970}
-    p = paths(REPO / "params.yaml")
+    project = load_project(REPO / "params.yaml")
+    cfg = project.params.convert.model_copy(update={
+        "policy": policy, "quality": 95, "resize_shorter": None, "exif": "keep", "shard_mb": shard_mb,
+        "row_group_rows": row_group_rows, "max_bad_fraction": 0.01, "max_image_pixels": 178956970})
+    p = {k: Path(v) for k, v in project.params.paths.model_dump().items() if v is not None}  # relative to root
     p.update(parquet=out / "parquet", work=out / "work", metrics=out / "metrics")
     return run_local(job_from_params(cfg, p, root=root), workers=workers, progress=False, pool=pool)["rows"]
 

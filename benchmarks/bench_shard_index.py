@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from imagenet_parquet import ParquetImageDataset  # noqa: E402
 from imagenet_parquet.format import IMAGE_INDEX_KEY  # noqa: E402
-from tasks.common.params import load_params  # noqa: E402
+from tasks.common.params import load_project  # noqa: E402
 from imagenet_parquet.format import shard_schema  # noqa: E402
 from tasks.convert.writer import memory_pool, to_table, write_shard, writer_options  # noqa: E402
 
@@ -57,7 +57,7 @@ def main() -> None:
     folder = REPO / "benchmarks" / "_work" / "reader" / "5000-images" / "folder"
     source = folder if folder.is_dir() else REPO.parent / "shared" / "data" / "imagenet-samples"
     rows = rows_of(sorted(source.rglob("*.JPEG"))[:args.images])
-    rg = load_params("convert", REPO / "params.yaml")["row_group_rows"]
+    rg = load_project(REPO / "params.yaml").params.convert.row_group_rows
     label_map = {"num_classes": 3, "label_source": "bench",
                  "classes": [{"label": i, "wnid": f"n{i:08d}", "name": f"class {i}"} for i in range(3)]}
     schema = shard_schema(label_map, {"policy": "passthrough"}, "train")

@@ -20,7 +20,7 @@ run: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc repro
 
 test: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q
+	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q -n auto
 
 LINT_PATHS := tasks flows imagenet_parquet
 lint: $(STAMP)

@@ -13,8 +13,8 @@ The server dies with its keeper (PR_SET_PDEATHSIG)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
+import functools
 import json
 import os
 import signal
@@ -26,6 +26,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tasks.common.procs import die_with_parent
 
 STATE = "imagenet-parquet-server.json"
 LEASE = "imagenet-parquet-server.lease"
@@ -117,10 +119,6 @@ def _free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def keep(home: Path, idle_s: float) -> None:
     """The keeper: run the server, publish it, stop it when unused for idle_s seconds (or when it died)."""
     port = _free_port()
@@ -130,7 +128,7 @@ def keep(home: Path, idle_s: float) -> None:
     server = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),  # the server ends with its keeper
     )
     try:
         while not healthy(url) and server.poll() is None:

@@ -24,13 +24,13 @@ PR_SET_PDEATHSIG = 1
 POLL_S = 0.5
 
 
-def die_with_parent() -> bool:
-    """Be killed (SIGKILL) when the parent process dies; True when the kernel took the request (Linux only)."""
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Get `sig` (SIGKILL) when the parent process dies; True when the kernel took the request (Linux only)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return bool(libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0)
+        return bool(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 

@@ -37,11 +37,17 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     third = _repro(project_copy)
     assert "Running stage 'download'" in third and "Running stage 'verify'" in third
     records = json.loads((raw / "download.json").read_text())["archives"]
-    assert {r["method"] for r in records.values()} == {"hardlink"}
+    assert {r["method"] for r in records.values()} == {"local"} and all(r["md5"] for r in records.values())
     assert all(os.path.samefile(raw / name, source / name) for name in ARCHIVES.values())
     cache = json.loads((project_copy / "data" / "scratch" / "md5_cache.json").read_text())
-    # the archives are not DVC outs (download.json stands for them): verify hashed each once, DVC did not
-    assert {cache[str((raw / name).resolve())]["origin"] for name in ARCHIVES.values()} == {"verify"}
+    # the archives are not DVC outs (download.json stands for them): the download stage hashed each once (train and
+    # val in the pass that indexed them for extract), verify reused that, DVC hashed nothing
+    origins = {name: cache[str((raw / name).resolve())]["origin"] for name in ARCHIVES.values()}
+    assert origins == {name: f"download {source / name}" for name in ARCHIVES.values()}
+    verified = json.loads((raw / "verify.json").read_text())["archives"]
+    for split in ("train", "val"):  # the index made in the same read, for the extract stage (tests/test_archive_pass)
+        prescan = json.loads((project_copy / "data" / "scratch" / "prescan" / f"{split}.json").read_text())
+        assert prescan["md5"] == verified[ARCHIVES[split]]["md5"] == records[ARCHIVES[split]]["md5"]
     assert not (raw / "sample_md5.tsv").exists()
     cached = [p for p in (project_copy / ".dvc" / "cache").rglob("*") if p.is_file()]
     assert all(p.stat().st_size < 1 << 20 for p in cached), "raw archives must never enter the DVC cache"
@@ -52,6 +58,6 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     md5 = dict(line.split("\t") for line in (source / "sample_md5.tsv").read_text().splitlines()[1:])
     md5[ARCHIVES["val"]] = md5[ARCHIVES["train"]]
     (source / "sample_md5.tsv").write_text("name\tmd5\n" + "".join(f"{n}\t{m}\n" for n, m in md5.items()))
-    fourth = _repro(project_copy)  # a plain `dvc repro` notices it (the stat in download.json changed)
+    fourth = _repro(project_copy)  # a plain `dvc repro` notices it (the MD5 in download.json changed)
     assert "Running stage 'verify'" in fourth
     assert os.path.samefile(raw / ARCHIVES["val"], val)

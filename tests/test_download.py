@@ -48,7 +48,7 @@ def test_three_drops_resume_with_range_and_identical_bytes(server, payload, tmp_
     record = _fetch(server, tmp_path / "raw")
     out = tmp_path / "raw" / NAME
     assert out.read_bytes() == payload.read_bytes()
-    assert record.pop("stat") == md5state.stat_key(out)
+    # the content only (no stat, nothing of this machine): the same archive gives the same download.json anywhere
     assert record == {"source": f"{server.url}/{NAME}", "bytes": 1 << 20, "md5": _md5(payload), "method": "http"}
     ranges = [r for m, _p, r in server.requests if m == "GET"]
     assert ranges == [None, "bytes=100000-", "bytes=300000-", "bytes=600000-"]
@@ -158,8 +158,9 @@ def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeyp
     raw, cache = tmp_path / "raw", tmp_path / "c.json"
     src = sample_release / NAME
     record = dl.fetch_archive(NAME, str(src), raw, FAST, cache)
-    assert record["method"] == "hardlink" and os.path.samefile(raw / NAME, src)
-    assert dl.fetch_archive(NAME, src.as_uri(), raw, FAST, cache)["method"] == "hardlink"
+    assert record["link"] == "hardlink" and os.path.samefile(raw / NAME, src)
+    assert record["method"] == "local" and record["md5"] == _md5(src)  # hashed once, in the pass that indexes it
+    assert dl.fetch_archive(NAME, src.as_uri(), raw, FAST, cache)["link"] == "hardlink"
 
     def cross_device(*_args):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
@@ -168,7 +169,7 @@ def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeyp
 
     monkeypatch.setattr(dl.os, "link", cross_device)
     record = dl.fetch_archive(NAME, str(src), raw, FAST, cache)
-    assert record["method"] == "symlink" and (raw / NAME).resolve() == src.resolve()
+    assert record["link"] == "symlink" and (raw / NAME).resolve() == src.resolve()
     assert record["bytes"] == src.stat().st_size and src.stat().st_nlink >= 1
 
 
@@ -210,7 +211,7 @@ def test_s3_through_moto(payload, tmp_path, monkeypatch):
         raw = tmp_path / "raw"
         assert dl.space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
         record = dl.fetch_archive(NAME, sources[NAME], raw, FAST, tmp_path / "c.json")
-        assert record.pop("stat") == md5state.stat_key(raw / NAME) and record == {"source": sources[NAME], "bytes": 1 << 20, "md5": _md5(payload), "method": "fsspec"}
+        assert record == {"source": sources[NAME], "bytes": 1 << 20, "md5": _md5(payload), "method": "fsspec"}
         with pytest.raises(PipelineError, match="found nothing there"):
             dl.fetch_archive(NAME, "s3://ilsvrc/releases/missing.tar", raw, FAST, tmp_path / "c.json")
     finally:
@@ -220,14 +221,14 @@ def test_s3_through_moto(payload, tmp_path, monkeypatch):
 def test_verify_reuses_the_streamed_md5_and_rehashes_a_changed_file(server, payload, tmp_path, monkeypatch):
     raw, cache = tmp_path / "raw", tmp_path / "md5_cache.json"
     record = _fetch(server, raw)
-    real_compute = md5state.compute_md5
+    real_pass = md5state.hash_and_index  # the val archive: hashed in the pass that also indexes its tar headers
 
     def counting(path, *args, **kwargs):
         counting.calls.append(Path(path).name)
-        return real_compute(path, *args, **kwargs)
+        return real_pass(path, *args, **kwargs)
 
     counting.calls = []
-    monkeypatch.setattr("tasks.acquire.verify.compute_md5", counting)
+    monkeypatch.setattr(md5state, "hash_and_index", counting)
     result = check_archive(NAME, raw, record["md5"], cache, "custom", progress=False)
     assert result["md5_from"] == f"download {server.url}/{NAME}" and counting.calls == []
     os.utime(raw / NAME, ns=(1, 1))  # touched: no longer provably the bytes that were hashed

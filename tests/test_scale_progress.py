@@ -7,7 +7,7 @@ import re
 
 from tasks.acquire.md5state import compute_md5
 from tasks.common.progress import EVERY_ENV, Progress
-from tasks.extract.tarindex import index_nested, index_tar
+from tasks.common.tarindex import index_nested, index_tar
 from tests.helpers.archives import tar_bytes, write_tar
 from tests.helpers.images import fake_jpeg
 

@@ -4,11 +4,14 @@ Sources (params.yaml `download:`): `sample` (the built-in sample), a local path 
 when on the same filesystem, else symlinked — a 138 GB archive is never copied), `http(s)://` and any fsspec
 URL such as `s3://` (streamed by tasks.acquire.fetch: resumable, retried, MD5 while streaming). Free disk space is
 checked against what is still to fetch before anything is written. `download.json` records, per archive, the
-source (credentials redacted), size, MD5 when it was computed on the way in, how the file was obtained and its
-`stat` (size, mtime_ns, inode). The stage runs on every `dvc repro` (`always_changed`): it only stats what is already
-in place, so download.json — and therefore every later stage — changes only when a source did (a replaced archive,
-a changed folder-mode tree: `folder` holds a digest of every file's path, size, mtime_ns and inode). In folder mode
-no archive (and no sample) is made."""
+source (credentials redacted), size, MD5 and how the file was obtained — the content, nothing of this machine, so
+the same archives give the same download.json (and dvc.lock) anywhere. The MD5 is computed on the way in (network),
+by the sample's writer, or — for a linked local archive — in one read that also indexes the tar headers for the
+extract stage (tasks.common.archive_pass; verify then reads nothing). The stage runs on every `dvc repro`
+(`always_changed`): an MD5 is reused while the file's (size, mtime_ns, inode) is unchanged (tasks.acquire.md5state,
+in paths.work), so download.json — and therefore every later stage — changes only when an archive's content did.
+Folder mode makes no archive (and no sample): `folder` holds a digest of every file's path, size, mtime_ns and
+inode (reading 1.28 M files on every run to hash their content would cost more than the pipeline)."""
 
 from __future__ import annotations
 
@@ -22,10 +25,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.acquire.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
-from tasks.acquire.md5state import CACHE_NAME, cached_md5, remember_md5
+from tasks.acquire.md5state import CACHE_NAME, archive_md5, cached_md5, prescan_dir, remember_md5
 from tasks.acquire.sample import MD5_TABLE, write_sample
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
-from tasks.common.dvc_state import stat_key
 from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
 
 __all__ = [
@@ -45,6 +47,9 @@ __all__ = [
 ]
 GB = 1e9
 SPACE_MARGIN = 64 << 20  # keep a little room for everything else on the disk
+# download.json's record per archive: the content (its MD5) and where it came from, nothing of this machine (no
+# stat, no link kind), so the same archives give the same download.json and dvc.lock on every machine
+RECORD_KEYS = ("source", "bytes", "md5", "method")
 
 
 # ---------------------------------------------------------------- sources
@@ -186,14 +191,15 @@ def fetch_archive(
     dest = raw_dir / name
     how = kind(source)
     if how == "local":
-        method = link_local(source, dest, root)
-        return {"source": source, "bytes": dest.stat().st_size, "md5": None, "method": method, "stat": stat_key(dest)}
+        link = link_local(source, dest, root)
+        known, _seen = archive_md5(dest, cache_file, prescan_dir(cache_file), _origin(source))
+        return {"source": source, "bytes": dest.stat().st_size, "md5": known, "method": "local", "link": link}
     md5 = _unchanged_download(dest, source, cache_file)
     if md5 is None:
         raw_dir.mkdir(parents=True, exist_ok=True)
         _size, md5 = resumable_download(source, dest, opts)
         remember_md5(dest, md5, cache_file, _origin(source))
-    return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how, "stat": stat_key(dest)}
+    return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
 
 
 def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[str, dict[str, Any]]:
@@ -209,7 +215,6 @@ def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[
     for name, md5 in md5s.items():
         path = raw_dir / name
         records[name] = {"source": "sample", "bytes": path.stat().st_size, "md5": md5, "method": "sample"}
-        records[name]["stat"] = stat_key(path)
     return records
 
 
@@ -244,10 +249,11 @@ def write_download_json(
 ) -> Path:
     """download.json (docs/CONTRACTS.md), plus one printed line per archive (folder mode: the tree's digest)."""
     for name, r in sorted(records.items()):
-        print(f"{name}: {r['bytes']:,} bytes, {r['method']} from {r['source']}")
+        print(f"{name}: {r['bytes']:,} bytes, MD5 {r['md5']}, {r.get('link', r['method'])} from {r['source']}")
     if any(r["method"] != "sample" for r in records.values()):
         (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
-    doc: dict[str, Any] = {"source": redact(source), "archives": records}
+    archives = {name: {key: r[key] for key in RECORD_KEYS} for name, r in records.items()}
+    doc: dict[str, Any] = {"source": redact(source), "archives": archives}
     if folder is not None:
         doc = {"source": "folder", "archives": {}, "folder": tree_stat(folder)}
         print(f"folder mode: {doc['folder']['files']:,} files under {folder}, no archive needed")

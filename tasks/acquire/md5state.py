@@ -13,12 +13,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tasks.common import write_json
+from tasks.common import ARCHIVES, write_json
+from tasks.common.archive_pass import hash_and_index, save_prescan
 from tasks.common.dvc_state import stat_key, state_get, state_put
+from tasks.common.layout import PRESCAN
 from tasks.common.progress import Progress
 
 CHUNK = 8 << 20
 CACHE_NAME = "md5_cache.json"  # under paths.work
+SPLIT_OF = {name: split for split, name in ARCHIVES.items() if split != "devkit"}  # archives holding images
+
+
+def prescan_dir(cache_file: Path) -> Path:
+    """Where archive_md5 keeps the tar index made while hashing: beside the MD5 cache, under paths.work."""
+    return cache_file.parent / PRESCAN
 
 
 def _load(cache_file: Path) -> dict[str, dict[str, Any]]:
@@ -66,3 +74,24 @@ def compute_md5(path: str | os.PathLike[str], chunk: int = CHUNK, progress: bool
             digest.update(block)
             bar.update(len(block))
     return digest.hexdigest()
+
+
+def archive_md5(path: Path, cache_file: Path, prescan_dir: Path, origin: str, progress: bool = True) -> tuple[str, str]:
+    """(md5, where it came from): reused when the file is unchanged since it was last hashed, else computed — for
+    the train and val archives in the same read that indexes their tar headers for the extract stage
+    (tasks.common.archive_pass: the index is kept under `prescan_dir`). Recorded with `origin` (who hashed it)."""
+    md5, seen = cached_md5(path, cache_file)
+    if md5:
+        if seen == "dvc-state":  # DVC hashed it (e.g. a linked archive tracked elsewhere): keep it here too
+            remember_md5(path, md5, cache_file, seen, dvc=False)
+        return md5, seen
+    split = SPLIT_OF.get(path.name)
+    if split is None:
+        md5 = compute_md5(path, progress=progress)
+    else:
+        key = stat_key(path)
+        found = hash_and_index(path, split, "", progress)
+        save_prescan(prescan_dir, split, path, found, key)
+        md5 = found.md5
+    remember_md5(path, md5, cache_file, origin)
+    return md5, "computed"

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tasks.acquire.md5state import cached_md5, compute_md5, forget_md5, remember_md5
+from tasks.acquire.md5state import archive_md5, forget_md5, prescan_dir
 from tasks.acquire.sample import MD5_TABLE
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
 from tasks.common.params import resolve_path
@@ -67,18 +67,6 @@ def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tupl
     return str(checksums), {name: table[name] for name in ARCHIVES.values()}
 
 
-def archive_md5(path: Path, cache_file: Path, progress: bool = True) -> tuple[str, str]:
-    """(md5, where it came from): reused when the file is unchanged since it was last hashed, else computed."""
-    md5, origin = cached_md5(path, cache_file)
-    if md5:
-        if origin == "dvc-state":  # DVC hashed it (e.g. a linked archive, as a download out): keep it here too
-            remember_md5(path, md5, cache_file, origin, dvc=False)
-        return md5, origin
-    md5 = compute_md5(path, progress=progress)
-    remember_md5(path, md5, cache_file, "verify")
-    return md5, "computed"
-
-
 def _corrupt_path(path: Path) -> Path:
     return path.with_name(path.name + ".corrupt")
 
@@ -108,7 +96,9 @@ def clear_quarantine(path: Path) -> None:
 def check_archive(
     name: str, raw_dir: Path, expected: str, cache_file: Path, table: str, progress: bool = True
 ) -> dict[str, Any]:
-    """Verify one archive; returns its verify.json entry plus `md5_from` (not written to verify.json)."""
+    """Verify one archive; returns its verify.json entry plus `md5_from` (not written to verify.json). An MD5 not
+    known yet is computed in the pass that also indexes the archive for the extract stage (its prescan, under the
+    same scratch directory as `cache_file`)."""
     path = raw_dir / name
     if not path.is_file():
         raise PipelineError(
@@ -116,7 +106,7 @@ def check_archive(
             f"{' but a broken link' if path.is_symlink() else ''}. Run `dvc repro download` "
             "or fix download.source in params.yaml."
         )
-    md5, origin = archive_md5(path, cache_file, progress)
+    md5, origin = archive_md5(path, cache_file, prescan_dir(cache_file), "verify", progress)
     if md5 != expected:
         linked = f" (it is a link to {path.resolve()}: that copy is damaged)" if path.is_symlink() else ""
         size = path.stat().st_size

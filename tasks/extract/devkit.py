@@ -18,7 +18,7 @@ import scipy.io
 
 from tasks.common import PipelineError
 from tasks.common.synsets import WNID, Synset
-from tasks.extract.tarindex import open_tar, safe_members
+from tasks.common.tarindex import open_tar, safe_members
 
 META = "meta.mat"
 GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"

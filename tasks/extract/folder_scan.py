@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tasks.common import PipelineError
 from tasks.common.synsets import WNID
-from tasks.extract.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, report
+from tasks.common.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, report
 
 Row = dict[str, object]
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from tasks.common import SPLITS, PipelineError, atomic_path
 from tasks.common.manifests import manifest_path
-from tasks.extract.tarindex import TAR_ENCODING, open_tar, safe_members
+from tasks.common.tarindex import TAR_ENCODING, open_tar, safe_members
 
 CLASS_TAR_PREFIX = re.compile(r"^(.*?n\d{8}\.tar)/")  # `<...>/n01440764.tar/<image>` → the class tar member
 Targets = dict[tuple[str, int], str]  # (member path, offset in the archive) → relative target path

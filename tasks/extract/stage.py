@@ -20,15 +20,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
-from tasks.common.layout import EXTRACT_REPORT
+from tasks.common.archive_pass import PRESCAN_SCHEMA, load_prescan
+from tasks.common.layout import EXTRACT_REPORT, PRESCAN
 from tasks.common.manifests import MANIFEST_SCHEMA, manifest_path
 from tasks.common.params import Project, resolve_path
 from tasks.common.synsets import Synset, shipped_synsets
+from tasks.common.tarindex import index_nested, index_tar
 from tasks.extract import classes as labels
 from tasks.extract import curate
 from tasks.extract import devkit as dk
 from tasks.extract.folder_scan import scan_folder_split, source_path
-from tasks.extract.tarindex import index_nested, index_tar
 
 log = logging.getLogger(__name__)
 STAGING_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name not in ("split", "label")])
@@ -50,6 +51,8 @@ class ExtractJob:
     val_labels: str  # as given: devkit | a CSV
     root: Path  # the project: manifest `source` paths are relative to it, and so are the files above
     curation: curate.Curation = field(default_factory=curate.Curation)  # curate: (read before any scan)
+    prescan: Path | None = None  # the tar indexes made while the archives were hashed (tasks.common.archive_pass)
+    md5s: dict[str, str] = field(default_factory=dict)  # split -> its archive's MD5 as verify accepted it
 
     @property
     def archives(self) -> bool:
@@ -79,9 +82,20 @@ def job_from_params(project: Project) -> ExtractJob:
             project.resolve(cur.relabel) if cur.relabel else None,
             {"exclude": cur.exclude, "relabel": cur.relabel},
         ),
+        work / PRESCAN,
+        _verified_md5s(raw) if archives else {},
     )
     labels.read_class_list(job.classes, job.root)
     return job
+
+
+def _verified_md5s(raw: Path) -> dict[str, str]:
+    """split -> the MD5 verify.json records for its archive ({} without a verify.json: nothing is reused)."""
+    try:
+        archives = json.loads((raw / "verify.json").read_text(encoding="utf-8"))["archives"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {split: archives[name]["md5"] for split, name in ARCHIVES.items() if name in archives}
 
 
 def _inputs(project: Project) -> dict[str, Path]:
@@ -96,7 +110,9 @@ def _inputs(project: Project) -> dict[str, Path]:
 def scan_split(job: ExtractJob, split: str) -> Path:
     """Index one split's input into the staging directory; return the staging index path."""
     if job.archives:
-        return scan_archive_split(split, job.inputs[split], job.staging, job.root)
+        archive = job.inputs[split]
+        found = load_prescan(job.prescan, split, archive, job.md5s.get(split)) if job.prescan else None
+        return scan_archive_split(split, archive, job.staging, job.root, found)
     return scan_folder_split_to(split, job.inputs[split], job.staging, job.root)
 
 
@@ -124,15 +140,26 @@ def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str, r
 
 
 def scan_archive_split(
-    split: str, archive: str | os.PathLike[str], staging_dir: str | os.PathLike[str], root: str | os.PathLike[str] = "."
+    split: str,
+    archive: str | os.PathLike[str],
+    staging_dir: str | os.PathLike[str],
+    root: str | os.PathLike[str] = ".",
+    prescan: tuple[pa.Table, list[dict[str, str]]] | None = None,
 ) -> Path:
-    """Index the train archive (nested per-class tars) or the val archive; return the staging index path."""
+    """Index the train archive (nested per-class tars) or the val archive — or take `prescan`, the index made in
+    the same read as its MD5 (tasks.common.archive_pass.load_prescan) — and return the staging index path."""
     source = source_path(archive, root)
-    index = index_nested if split == "train" else index_tar
-    entries, reported = index(archive, split, source)
-    columns = {name: [getattr(e, name) for e in entries] for name in ("wnid", "name", "member", "offset", "size")}
-    table = pa.Table.from_pydict({**columns, "source": [source] * len(entries)}, schema=STAGING_SCHEMA)
-    log.info("%s: indexed %d images of %s", split, table.num_rows, archive)
+    if prescan is None:
+        index = index_nested if split == "train" else index_tar
+        entries, reported = index(archive, split, source)
+        columns = {name: [getattr(e, name) for e in entries] for name in PRESCAN_SCHEMA.names}
+        found = pa.Table.from_pydict(columns, schema=PRESCAN_SCHEMA)
+    else:
+        found, reported = prescan
+        reported = [{**item, "source": source} for item in reported]  # the pass did not know the project's name
+    table = found.append_column("source", pa.array([source] * found.num_rows, pa.string())).select(STAGING_SCHEMA.names)
+    how = "(the index made while verifying its MD5)" if prescan else ""
+    log.info("%s: indexed %d images of %s %s", split, table.num_rows, archive, how)
     return _write_staging(Path(staging_dir), split, table, str(archive), reported)
 
 

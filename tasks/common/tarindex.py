@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Literal, TypedDict
+from typing import IO, Literal, TypedDict
 
 from tasks.common import PipelineError
 from tasks.common.progress import Progress
@@ -177,10 +177,11 @@ def _index_members(
     return entries, reported
 
 
-def open_tar(path: str | os.PathLike[str], mode: ReadMode = "r:") -> tarfile.TarFile:
-    """tarfile.open with the project's name decoding; an unreadable file fails naming it."""
+def open_tar(path: str | os.PathLike[str], mode: ReadMode = "r:", fileobj: IO[bytes] | None = None) -> tarfile.TarFile:
+    """tarfile.open with the project's name decoding (reading `fileobj` when given, else the file); an unreadable
+    file fails naming it."""
     try:
-        return tarfile.open(path, mode, **TAR_ENCODING)
+        return tarfile.open(path, mode, fileobj, **TAR_ENCODING)
     except (tarfile.TarError, OSError, EOFError) as err:
         raise PipelineError(
             f"{path}: expected a readable tar archive, found {err}; replace it with the "
@@ -188,20 +189,30 @@ def open_tar(path: str | os.PathLike[str], mode: ReadMode = "r:") -> tarfile.Tar
         ) from None
 
 
-def index_tar(path: str | os.PathLike[str], split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
-    """Index a flat tar (the val archive): one Entry per image member, plus report entries."""
+def index_tar(
+    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None
+) -> tuple[list[Entry], list[dict[str, str]]]:
+    """Index a flat tar (the val archive): one Entry per image member, plus report entries. With `fileobj` (the
+    file's bytes through another reader, e.g. tasks.common.archive_pass) it shows no progress of its own."""
     size = os.path.getsize(path)
-    with open_tar(path) as tar, Progress(size, f"tar scan {Path(path).name}") as bar:
+    with open_tar(path, fileobj=fileobj) as tar, _scan_bar(path, size, fileobj) as bar:
         return _index_members(tar, str(path), size, split, source, wnid="", bar=bar)
 
 
-def index_nested(path: str | os.PathLike[str], split: str, source: str) -> tuple[list[Entry], list[dict[str, str]]]:
-    """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything."""
+def _scan_bar(path: str | os.PathLike[str], size: int, fileobj: IO[bytes] | None) -> Progress:
+    return Progress(size, f"tar scan {Path(path).name}", enabled=fileobj is None)
+
+
+def index_nested(
+    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None
+) -> tuple[list[Entry], list[dict[str, str]]]:
+    """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything (`fileobj`: as
+    for index_tar)."""
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
     class_tars: list[str] = []
     size = os.path.getsize(path)
-    with open_tar(path) as outer, Progress(size, f"tar scan {Path(path).name}") as bar:
+    with open_tar(path, fileobj=fileobj) as outer, _scan_bar(path, size, fileobj) as bar:
         for inner in safe_members(outer, str(path), size):
             bar.update(inner.offset_data - bar.done)  # the class tars before this one are indexed
             if inner.isdir():

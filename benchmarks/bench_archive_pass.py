@@ -1,0 +1,122 @@
+"""Benchmark verify + extract's read of the archives: one pass (MD5 and tar index together) vs two (today's MD5,
+then the header walk) vs `md5sum`, each cold (posix_fadvise DONTNEED on the archives first), side by side.
+
+    python benchmarks/bench_archive_pass.py [--archives DIR] [--classes 100 --train-per-class 400] [--repeat 2]
+
+DIR holds ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar (e.g. a bench_pipeline mirror); without it a mirror of
+the real JPEGs of ../shared is built under benchmarks/_work/archive_pass/. Prints per variant: wall, CPU (this
+process, all threads), bytes read from disk and through read(), and the ratio to `md5sum` of the same files. In
+"two passes" the cache is dropped between the MD5 and the walk, as for archives larger than the RAM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tasks.acquire.md5state import compute_md5  # noqa: E402
+from tasks.acquire.sample import write_sample  # noqa: E402
+from tasks.common import ARCHIVES, SPLITS  # noqa: E402
+from tasks.common.archive_pass import hash_and_index  # noqa: E402
+from tasks.common.tarindex import index_nested, index_tar  # noqa: E402
+
+WORK = REPO / "benchmarks" / "_work" / "archive_pass"
+SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
+INDEX = {"train": index_nested, "val": index_tar}
+
+
+def drop_cache(paths: list[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def io_now() -> dict[str, int]:
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return {key: int(fields[key]) for key in ("rchar", "read_bytes")}
+
+
+def cpu_now(children: bool = False) -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def two_passes(paths: dict[str, Path]) -> None:
+    """Today's verify then extract. The page cache is dropped between them: at ImageNet scale (138 GB, more than
+    the RAM) the MD5's read has long left the cache when the header walk starts."""
+    for split, path in paths.items():
+        compute_md5(path, progress=False)
+        drop_cache([path])
+        INDEX[split](path, split, "")
+
+
+def one_pass(paths: dict[str, Path]) -> None:
+    for split, path in paths.items():
+        found = hash_and_index(path, split, "", progress=False)
+        assert found.entries is not None, found.refused
+
+
+def md5sum(paths: dict[str, Path]) -> None:
+    subprocess.run(["md5sum", *map(str, paths.values())], check=True, capture_output=True)
+
+
+def measure(run: Callable[[dict[str, Path]], None], paths: dict[str, Path]) -> dict[str, float]:
+    drop_cache(list(paths.values()))
+    io0, cpu0, child0, t0 = io_now(), cpu_now(), cpu_now(True), time.perf_counter()
+    run(paths)
+    wall, io1 = time.perf_counter() - t0, io_now()
+    cpu = cpu_now() - cpu0 + cpu_now(True) - child0
+    return {"wall": wall, "cpu": cpu, **{key: io1[key] - io0[key] for key in io1}}
+
+
+def archives(args: argparse.Namespace) -> Path:
+    if args.archives:
+        return Path(args.archives)
+    out = WORK / f"mirror-{args.classes}x{args.train_per_class}"
+    if not (out / ARCHIVES["train"]).exists():
+        write_sample(out, classes=args.classes, train_per_class=args.train_per_class,
+                     val_per_class=max(1, args.train_per_class // 25), real_images=SAMPLES)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--archives")
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--train-per-class", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args()
+    root = archives(args)
+    paths = {split: root / ARCHIVES[split] for split in SPLITS}
+    size = sum(p.stat().st_size for p in paths.values())
+    variants = {"md5sum": md5sum, "two passes (MD5, then header walk)": two_passes, "one pass": one_pass}
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(args.repeat):  # interleaved, best wall of each: the machine is shared
+        for name, run in variants.items():
+            got = measure(run, paths)
+            if name not in best or got["wall"] < best[name]["wall"]:
+                best[name] = got
+    ref = best["md5sum"]["wall"]
+    print(f"train + val archives: {size / 1e9:.2f} GB, {os.cpu_count()} CPUs, best of {args.repeat}, cold\n")
+    print("| variant | wall s | CPU s | read() passes | disk read passes | wall / md5sum |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in best.items():
+        passes = "—" if name == "md5sum" else f"{r['rchar'] / size:.2f}"
+        print(f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {passes} | {r['read_bytes'] / size:.2f} | "
+              f"{r['wall'] / ref:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

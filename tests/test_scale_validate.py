@@ -53,3 +53,24 @@ def test_each_shard_is_read_once(tmp_path):
     assert not (found.hash_mismatch or found.index_mismatch or found.not_jpeg) and found.unindexed == []
     images = found.image_bytes["train"]
     assert images > 60 * 3000 and read < 1.5 * images, (read, images)  # twice before: row groups + a pread per row
+
+
+def test_the_contact_sheet_reads_only_the_pictured_images(tmp_path):
+    from tasks.validate.contact_sheet import picked_bytes
+
+    files = write_shards(tmp_path, total=60, shards=1, row_group_rows=30, noise_px=48)
+    plain = files[0]
+    indexed = tmp_path / "indexed.parquet"
+    shard_module.write_shard(indexed, pq.read_schema(plain), 30, iter(pq.read_table(plain).to_pylist()))
+    images = pq.read_table(plain, columns=["image"]).column("image").combine_chunks().field("bytes").to_pylist()
+    wanted = {3, 25, 59}
+    for path in (plain, indexed):  # a shard without the byte index: from the row groups holding the rows
+        assert {row: bytes(data) for row, data in picked_bytes(path, wanted)} == {r: images[r] for r in wanted}
+    reads = {}
+    for path in (plain, indexed):
+        before = _rchar()
+        list(picked_bytes(path, wanted))
+        reads[path] = _rchar() - before
+    pictured = sum(len(images[r]) for r in wanted)
+    assert reads[plain] > 60 * 3000, "both 30-row groups"
+    assert reads[indexed] < pictured + 80 * 1024, (reads, pictured)  # footer (pyarrow reads 64 KiB) + 3 preads

@@ -6,14 +6,15 @@ many times it has come round) becomes variant k: round 0 is the file's own bytes
 (circular shift) by one of WINDOWS, then inverted or not, then flipped by one of FLIPS, re-encoded with the source's
 own quantisation tables, chroma subsampling and ICC profile (sizes stay those of the source: +6 % per re-encoded
 variant, the roll's seams; a 4,000-image mirror 441 MB against 422 MB before). Each variant also gets a unique JPEG
-COM segment right after SOI (unique bytes: exact-duplicate leakage stays 0). Rolls by half a side and the four flips
-x inversion move the 64-bit phash (tasks/convert/fingerprint.py) by >= 10 bits between any two of the first ROUNDS
-variants of a source (measured on all 1000 sources x 40 rounds, a 40,000-image mirror: 779,766 pairs, min 10, median
-32, none within 8), beyond validate.near_duplicates_distance (8); crops resized back and transposes (90-degree
-turns) were measured too and come closer (min 2 and 10 on 200 sources, against 14 for these). Chance pairs between
-different sources remain: none within 8 bits at 4,000 images, 10 (of all 8e8 pairs) at 40,000, so validate's default
-near_duplicates_max_pairs (1000) holds. Past ROUNDS rounds the further windows (thirds of a side) come closer (min 6
-measured) and past len(WINDOWS) * 8 rounds the pixels repeat.
+COM segment right after SOI (unique bytes: exact-duplicate leakage stays 0). Rolls by half a side (the fifth window:
+a third) and the four flips x inversion move the 64-bit phash (tasks/convert/fingerprint.py) by >= 10 bits between
+any two of the first ROUNDS variants of a source (measured on all 1000 sources x 40 rounds: 780,000 pairs, median
+32, none within 8, one at 10 and 5 within 12, all of one picture, 24 within 14), beyond
+validate.near_duplicates_distance (8); crops resized back and transposes (90-degree turns) were measured too and
+come closer (min 2 and 10 on 200 sources, against 14 for these). Chance pairs between different sources remain: none
+within 8 bits at 4,000 images, 10 (of all 8e8 pairs) at 40,000, so validate's default near_duplicates_max_pairs
+(1000) holds. Past ROUNDS rounds the further windows (thirds of a side) come closer (min 6 measured) and past
+len(WINDOWS) * 8 rounds the pixels repeat.
 
 Variants are encoded in a process pool (default 2 workers) a little ahead of the archive writer, in order: same
 folder and image count => byte-identical archives. `check_mirror` fingerprints every image of a built mirror

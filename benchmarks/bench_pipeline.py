@@ -1,9 +1,14 @@
 """Benchmark the whole chain at scale: `dvc repro` end to end on an ILSVRC2012-shaped mirror of N real images.
 
-Builds a mirror of N unique real-image variants (the JPEGs of ../shared/data/imagenet-samples, cycled, each with a
-unique JPEG COM segment after SOI: unique bytes so leakage stays 0 and sizes stay realistic; about 96 % train,
-4 % val as in ILSVRC2012) under benchmarks/_work/pipeline/, then in a fresh copy of the project (this working tree,
-and with --baseline-rev an older commit, side by side) points `download.source` at it and runs `dvc repro`.
+Builds a mirror of N unique real-image variants (the JPEGs of ../shared/data/imagenet-samples, cycled; each round
+of a file rolled, inverted and flipped differently and re-encoded like the source, plus a unique JPEG COM segment
+after SOI, benchmarks/mirror.py: unique bytes so leakage stays 0, phash fingerprints >= 10 bits apart so validate's
+near-duplicate search sees what real ImageNet gives it, not ~40 copies of every picture, and sizes stay realistic;
+about 96 % train, 4 % val as in ILSVRC2012) under benchmarks/_work/pipeline/ (built in 2 processes), then in a
+fresh copy of the project (this working tree, and with --baseline-rev an older commit, side by side) points
+`download.source` at it and runs `dvc repro` with the project's own validate params (no near-duplicates by
+design: `near_duplicates_max_pairs` is left as it is). `--check-mirror` fingerprints a mirror's images instead
+and prints the near-duplicate pairs validate would find.
 
 Each stage command runs under a small wrapper (this file, `--wrap-stage`) that drops the page cache of the
 mirror and the project's data (posix_fadvise DONTNEED: a cold cache, as for a dataset larger than RAM) and
@@ -14,6 +19,7 @@ in the same run. Prints markdown tables and a projection to ImageNet-1k (1,331,1
 
     python benchmarks/bench_pipeline.py --images 40000 [--fixed-images 4000] [--baseline-rev REV] [--keep]
     python benchmarks/bench_pipeline.py --report benchmarks/_work/pipeline-results.json   # print a saved run again
+    python benchmarks/bench_pipeline.py --images 4000 --check-mirror [DIR]   # the mirror's near-duplicate pairs
 """
 from __future__ import annotations
 
@@ -24,7 +30,6 @@ import os
 import re
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -210,22 +215,9 @@ isolate_prefect()  # a fresh PREFECT_HOME for every stage (before anything impor
 
 import yaml  # noqa: E402
 
+from benchmarks import mirror as variants  # noqa: E402
 from tasks.acquire import sample  # noqa: E402
 from tasks.common import ARCHIVES  # noqa: E402
-
-
-class UniqueImages(sample._Images):
-    """The sample's real-image source, each image made unique by a JPEG COM segment right after SOI."""
-
-    count = 0
-
-    def next(self, quirk: str | None, label: int) -> bytes:
-        data = super().next(quirk, label)
-        if quirk is not None:
-            return data
-        UniqueImages.count += 1
-        text = f"imagenet-parquet bench_pipeline variant {UniqueImages.count}".encode()
-        return data[:2] + b"\xff\xfe" + struct.pack(">H", len(text) + 2) + text + data[2:]
 
 
 def build_mirror(images: int) -> tuple[Path, int]:
@@ -233,14 +225,14 @@ def build_mirror(images: int) -> tuple[Path, int]:
     classes = min(1000, max(2, images // 100))
     val = max(1, round(0.038 * images / classes))
     train = images // classes - val
-    out = WORK / f"mirror-{classes}x{train}+{val}"
+    out = WORK / f"mirror-v{variants.VERSION}-{classes}x{train}+{val}"
     if not (out / sample.MD5_TABLE).exists():
         shutil.rmtree(out, ignore_errors=True)
-        saved, sample._Images = sample._Images, UniqueImages
-        try:
+        start, cpu = time.perf_counter(), _own_and_reaped_cpu()
+        with variants.variant_images(workers=min(2, len(os.sched_getaffinity(0)))):
             sample.write_sample(out, classes=classes, train_per_class=train, val_per_class=val, real_images=SAMPLES)
-        finally:
-            sample._Images = saved
+        print(f"mirror {out.name}: built in {time.perf_counter() - start:.0f} s wall, "
+              f"{_own_and_reaped_cpu() - cpu:.0f} CPU s", flush=True)
     return out, classes * (train + val)
 
 
@@ -268,8 +260,6 @@ def prepare(project: Path, mirror: Path, record: Path) -> None:
     params["download"]["source"] = str(mirror)
     params["verify"]["checksums"] = str(mirror / sample.MD5_TABLE)
     params["validate"]["train_count"] = [1, 1300]
-    if "near_duplicates_max_pairs" in params["validate"]:  # the mirror cycles 1000 real images: every variant
-        params["validate"]["near_duplicates_max_pairs"] = 10**9  # is a near-duplicate by design (a warning here)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     wrap = f"python {Path(__file__).resolve()} --wrap-stage \\2 {record} {mirror} -- \\1"
     stage_cmd = r"cmd: ((?:scripts/)?python -m flows\.(\w+))"  # scripts/python since issue 14
@@ -450,6 +440,20 @@ def table(label: str, runs: dict[str, dict[str, Any]], refs: dict[str, dict[str,
     return "\n".join(lines)
 
 
+def check_mirror(given: Path | None, images: int, keep: bool) -> None:
+    """--check-mirror: the near-duplicate figures of a mirror (given, or the --images one, built here)."""
+    if given is not None and not (given / ARCHIVES["train"]).is_file():
+        raise SystemExit(f"{given}: expected a mirror folder holding {ARCHIVES['train']}, found none")
+    WORK.mkdir(parents=True, exist_ok=True)
+    mirror = given or build_mirror(images)[0]
+    sources = sum(1 for p in SAMPLES.iterdir() if p.suffix.lower() in (".jpeg", ".jpg"))
+    try:
+        print(variants.check_table(f"{mirror.name}: phash near-duplicates", variants.check_mirror(mirror, sources)))
+    finally:
+        if given is None and not keep:
+            shutil.rmtree(mirror)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=4000, help="images in the mirror (train + val)")
@@ -459,6 +463,9 @@ def main() -> None:
     parser.add_argument("--baseline-rev", default=None, help="also run this git revision on the same mirrors")
     parser.add_argument("--keep", action="store_true", help="keep the mirrors under benchmarks/_work/pipeline")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a saved run (RESULTS) again")
+    parser.add_argument("--check-mirror", nargs="?", const="", default=None, metavar="DIR",
+                        help="fingerprint every image of the mirror at DIR (default: the --images mirror, built "
+                             "here) and print its near-duplicate pairs instead of running the pipeline")
     args = parser.parse_args()
     have = len(os.sched_getaffinity(0))
     if args.report:
@@ -468,6 +475,9 @@ def main() -> None:
         return
     if not SAMPLES.is_dir():
         raise SystemExit(f"{SAMPLES}: expected the folder of real ImageNet JPEGs, found nothing")
+    if args.check_mirror is not None:
+        check_mirror(Path(args.check_mirror) if args.check_mirror else None, args.images, args.keep)
+        return
     WORK.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")  # a fresh database migrates first

@@ -2,11 +2,13 @@
 then the header walk) vs `md5sum`, each cold (posix_fadvise DONTNEED on the archives first), side by side.
 
     python benchmarks/bench_archive_pass.py [--archives DIR] [--classes 100 --train-per-class 400] [--repeat 2]
+                                            [--keep]
 
 DIR holds ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar (e.g. a bench_pipeline mirror); without it a mirror of
-the real JPEGs of ../shared is built under benchmarks/_work/archive_pass/. Prints per variant: wall, CPU (this
-process, all threads), bytes read from disk and through read(), and the ratio to `md5sum` of the same files. In
-"two passes" the cache is dropped between the MD5 and the walk, as for archives larger than the RAM.
+the real JPEGs of ../shared is built under benchmarks/_work/archive_pass/ (removed afterwards unless --keep).
+Prints per variant: wall, CPU (this process, all threads), bytes read from disk and through read(), and the ratio
+to `md5sum` of the same files. In "two passes" the cache is dropped between the MD5 and the walk, as for archives
+larger than the RAM.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -86,8 +89,13 @@ def archives(args: argparse.Namespace) -> Path:
         return Path(args.archives)
     out = WORK / f"mirror-{args.classes}x{args.train_per_class}"
     if not (out / ARCHIVES["train"]).exists():
-        write_sample(out, classes=args.classes, train_per_class=args.train_per_class,
-                     val_per_class=max(1, args.train_per_class // 25), real_images=SAMPLES)
+        write_sample(
+            out,
+            classes=args.classes,
+            train_per_class=args.train_per_class,
+            val_per_class=max(1, args.train_per_class // 25),
+            real_images=SAMPLES,
+        )
     return out
 
 
@@ -97,25 +105,36 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--train-per-class", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the mirror built here for the next run")
     args = parser.parse_args()
     root = archives(args)
+    try:
+        report(root, args.repeat)
+    finally:
+        if not (args.keep or args.archives):
+            shutil.rmtree(WORK, ignore_errors=True)
+
+
+def report(root: Path, repeat: int) -> None:
     paths = {split: root / ARCHIVES[split] for split in SPLITS}
     size = sum(p.stat().st_size for p in paths.values())
     variants = {"md5sum": md5sum, "two passes (MD5, then header walk)": two_passes, "one pass": one_pass}
     best: dict[str, dict[str, float]] = {}
-    for _ in range(args.repeat):  # interleaved, best wall of each: the machine is shared
+    for _ in range(repeat):  # interleaved, best wall of each: the machine is shared
         for name, run in variants.items():
             got = measure(run, paths)
             if name not in best or got["wall"] < best[name]["wall"]:
                 best[name] = got
     ref = best["md5sum"]["wall"]
-    print(f"train + val archives: {size / 1e9:.2f} GB, {os.cpu_count()} CPUs, best of {args.repeat}, cold\n")
+    print(f"train + val archives: {size / 1e9:.2f} GB, {os.cpu_count()} CPUs, best of {repeat}, cold\n")
     print("| variant | wall s | CPU s | read() passes | disk read passes | wall / md5sum |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in best.items():
         passes = "—" if name == "md5sum" else f"{r['rchar'] / size:.2f}"
-        print(f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {passes} | {r['read_bytes'] / size:.2f} | "
-              f"{r['wall'] / ref:.2f} |")
+        print(
+            f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {passes} | {r['read_bytes'] / size:.2f} | "
+            f"{r['wall'] / ref:.2f} |"
+        )
 
 
 if __name__ == "__main__":

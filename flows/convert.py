@@ -22,7 +22,6 @@ from tasks.convert import distribute
 from tasks.convert import stage as convert
 from tasks.convert.distribute import Distribution
 from tasks.convert.job import job_from_params
-from tasks.convert.plan import largest_first
 
 plan_shards = task(name="plan-shards", cache_policy=NO_CACHE)(convert.prepare)
 convert_shard = task(name="convert-shard", task_run_name="{plan.split}-{plan.index:05d}", cache_policy=NO_CACHE)(
@@ -40,22 +39,19 @@ def convert_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     plans = plan_shards(job)
     progress = convert.Progress(plans)
     with distribute.local_pool(Distribution.from_params(project.params.convert)):
-        futures = [convert_shard.submit(job, plan) for plan in largest_first(plans)]
+        futures = [convert_shard.submit(job, plan) for plan in plans]
         results = [progress.update(future.result()) for future in as_completed(futures)]
     progress.close()
     return finalize(job, plans, results, time.perf_counter() - started)
 
 
 def task_runner(dist: Distribution) -> TaskRunner[Any]:
-    """Threads of this process (local: each hands its shard to the process pool), or an existing Dask scheduler.
-
-    Two threads per worker process: while one shard's task is still reporting its end to the Prefect API, the next
-    is already queued in the pool, so a worker never waits on this process between shards."""
+    """Threads of this process (local: each hands its shard to the process pool), or an existing Dask scheduler."""
     if dist.runner == "dask":
         from prefect_dask.task_runners import DaskTaskRunner
 
         return DaskTaskRunner(address=dist.address)
-    return ThreadPoolTaskRunner(max_workers=2 * dist.workers)
+    return ThreadPoolTaskRunner(max_workers=dist.workers)
 
 
 def run(params_file: str = "params.yaml") -> dict[str, Any]:

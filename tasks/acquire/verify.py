@@ -1,7 +1,9 @@
 """verify stage: every raw archive against the official MD5 table (or the built-in sample's own table).
 
-An MD5 computed while downloading, or by an earlier verify / DVC, is reused when the file is unchanged since
-(size, mtime_ns, inode — see tasks.acquire.md5state); otherwise the file is read once. A mismatch moves the file aside
+An MD5 computed while downloading or linking (the download stage), or by an earlier verify / DVC, is reused when the
+file is unchanged since (size, mtime_ns, inode — see tasks.acquire.md5state); otherwise the file is read once, the
+train and val archives in the pass that also indexes their tar headers for the extract stage (its prescan:
+tasks.common.archive_pass, used by extract only for the MD5 accepted here). A mismatch moves the file aside
 to `<name>.corrupt` (so nothing downstream can read it; an older `.corrupt` is replaced, and removed once the
 archive matches again); every archive is checked, then the stage fails naming each bad one with both MD5s and what
 to do. `verify.json` is written only when every archive matched. In folder mode (download.json has `folder`) there

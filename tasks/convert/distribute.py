@@ -26,7 +26,7 @@ from tasks.common import PipelineError
 from tasks.common.params import ConvertParams
 from tasks.common.procs import exit_with
 from tasks.convert.job import Job
-from tasks.convert.plan import ShardPlan, largest_first
+from tasks.convert.plan import ShardPlan
 from tasks.convert.stage import Progress, convert_shard, finalize, prepare
 
 _POOLS: list[Executor] = []  # the local pool while a flow runs (its tasks are threads of this process)
@@ -97,7 +97,7 @@ def run_local(job: Job, workers: int = 1, progress: bool = True, pool: Executor 
     else:
         own = pool or process_pool(workers)
         try:
-            futures = [own.submit(convert_shard, job, plan) for plan in largest_first(plans)]
+            futures = [own.submit(convert_shard, job, plan) for plan in plans]
             results = [bar.update(pool_result(f)) for f in as_completed(futures)]
         finally:
             if pool is None:

@@ -161,10 +161,3 @@ def remove_stale(directory: Path, keep: set[str]) -> list[str]:
                 entry.unlink()
                 removed.append(entry.name)
     return removed
-
-
-def largest_first(plans: list[ShardPlan]) -> list[ShardPlan]:
-    """The order to hand shards to the workers: the largest first (ties in plan order), so the last shards to
-    finish are small ones and no worker idles through a long tail while another converts a 2x-target shard.
-    Only the order of work changes: results are written and reported in plan order."""
-    return sorted(plans, key=lambda p: (-p.input_bytes, p.split, p.index))

@@ -2,18 +2,20 @@
 then the header walk) vs `md5sum`, each cold (posix_fadvise DONTNEED on the archives first), side by side.
 
     python benchmarks/bench_archive_pass.py [--archives DIR] [--classes 100 --train-per-class 400] [--repeat 2]
-                                            [--keep]
+                                            [--keep] [--http]
 
 DIR holds ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar (e.g. a bench_pipeline mirror); without it a mirror of
 the real JPEGs of ../shared is built under benchmarks/_work/archive_pass/ (removed afterwards unless --keep).
 Prints per variant: wall, CPU (this process, all threads), bytes read from disk and through read(), and the ratio
 to `md5sum` of the same files. In "two passes" the cache is dropped between the MD5 and the walk, as for archives
-larger than the RAM.
+larger than the RAM. `--http` adds two downloads over loopback HTTP (the page cache of the source is dropped, the
+server reads it cold): the MD5 while streaming, and the MD5 + tar index while streaming.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import resource
 import shutil
@@ -25,11 +27,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from tasks.acquire.fetch import FetchOptions, remote_size, resumable_download  # noqa: E402
 from tasks.acquire.md5state import compute_md5  # noqa: E402
 from tasks.acquire.sample import write_sample  # noqa: E402
 from tasks.common import ARCHIVES, SPLITS  # noqa: E402
-from tasks.common.archive_pass import hash_and_index  # noqa: E402
+from tasks.common.archive_pass import ArchivePass, StreamIndex, hash_and_index  # noqa: E402
 from tasks.common.tarindex import index_nested, index_tar  # noqa: E402
+from tests.helpers.servers import free_port, wait_http  # noqa: E402
 
 WORK = REPO / "benchmarks" / "_work" / "archive_pass"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
@@ -71,6 +75,48 @@ def one_pass(paths: dict[str, Path]) -> None:
         assert found.entries is not None, found.refused
 
 
+def http_variants(paths: dict[str, Path]) -> dict[str, Callable[[dict[str, Path]], None]]:
+    """Downloads over the loopback HTTP server (tests/helpers/servers.py) into a scratch raw/: the MD5 while
+    streaming only (what extract's header walk followed), and the MD5 + tar index while streaming (the download
+    stage now: no read of the archive before convert)."""
+    root = next(iter(paths.values())).parent
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "helpers" / "servers.py"), str(root), str(port)],
+        stdout=subprocess.DEVNULL,
+    )
+    atexit.register(server.terminate)
+    wait_http(f"http://127.0.0.1:{port}/{ARCHIVES['val']}")
+    opts = FetchOptions(progress=False)
+
+    def fetch(index: bool) -> Callable[[dict[str, Path]], None]:
+        def run(paths: dict[str, Path]) -> None:
+            raw = WORK / "raw"
+            shutil.rmtree(raw, ignore_errors=True)
+            raw.mkdir(parents=True)
+            for split, path in paths.items():
+                url = f"http://127.0.0.1:{port}/{path.name}"
+                if index:
+                    _md5, found = download_and_index(split, url, raw / path.name, opts)
+                    assert found is not None and found.entries is not None
+                else:
+                    resumable_download(url, raw / path.name, opts)
+            shutil.rmtree(raw)
+
+        return run
+
+    return {
+        "http download, MD5 while streaming": fetch(False),
+        "http download, MD5 + tar index while streaming": fetch(True),
+    }
+
+
+def download_and_index(split: str, url: str, dest: Path, opts: FetchOptions) -> tuple[str, ArchivePass | None]:
+    index = StreamIndex(split, dest, remote_size(url, opts) or 0)
+    got, md5 = resumable_download(url, dest, opts, index)
+    return md5, index.result(md5, got)
+
+
 def md5sum(paths: dict[str, Path]) -> None:
     subprocess.run(["md5sum", *map(str, paths.values())], check=True, capture_output=True)
 
@@ -106,19 +152,22 @@ def main() -> None:
     parser.add_argument("--train-per-class", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the mirror built here for the next run")
+    parser.add_argument("--http", action="store_true", help="also download the archives over loopback HTTP")
     args = parser.parse_args()
     root = archives(args)
     try:
-        report(root, args.repeat)
+        report(root, args.repeat, args.http)
     finally:
         if not (args.keep or args.archives):
             shutil.rmtree(WORK, ignore_errors=True)
 
 
-def report(root: Path, repeat: int) -> None:
+def report(root: Path, repeat: int, http: bool) -> None:
     paths = {split: root / ARCHIVES[split] for split in SPLITS}
     size = sum(p.stat().st_size for p in paths.values())
     variants = {"md5sum": md5sum, "two passes (MD5, then header walk)": two_passes, "one pass": one_pass}
+    if http:
+        variants |= http_variants(paths)
     best: dict[str, dict[str, float]] = {}
     for _ in range(repeat):  # interleaved, best wall of each: the machine is shared
         for name, run in variants.items():

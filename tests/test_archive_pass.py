@@ -10,12 +10,16 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.acquire import download as dl
+from tasks.acquire import md5state
 from tasks.common import ARCHIVES, SPLITS, PipelineError
 from tasks.common import archive_pass as ap
 from tasks.common.tarindex import index_nested, index_tar
 from tasks.extract import stage as extract
+from tests.helpers.servers import RangeServer
 from tests.test_extract_safety import ZOO, _build
 
+FAST = dl.FetchOptions(retries=4, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 INDEX = {"train": index_nested, "val": index_tar}
 
 
@@ -107,3 +111,39 @@ def test_extract_from_the_prescan_writes_the_same_staging_index(sample_release, 
         reused = extract.scan_archive_split(split, path, tmp_path / "reused", root=tmp_path, prescan=prescan)
         assert pq.read_table(reused).equals(pq.read_table(walked))
         assert (reused.with_suffix(".scan.json")).read_bytes() == (walked.with_suffix(".scan.json")).read_bytes()
+
+
+def _serve(sample_release, server_root):
+    server_root.mkdir()
+    for split in SPLITS:
+        os.link(sample_release / ARCHIVES[split], server_root / ARCHIVES[split])
+    return RangeServer(server_root)
+
+
+def test_a_download_indexes_the_archive_as_it_arrives_across_resumes(sample_release, tmp_path):
+    raw, cache = tmp_path / "raw", tmp_path / "scratch" / "md5_cache.json"
+    with _serve(sample_release, tmp_path / "srv") as server:
+        server.faults[f"/{ARCHIVES['train']}"].extend([("drop", 3_000_000), ("drop", 2_000_000)])
+        server.faults[f"/{ARCHIVES['val']}"].append(("drop", 700_000))
+        for split in SPLITS:
+            name = ARCHIVES[split]
+            record = dl.fetch_archive(name, f"{server.url}/{name}", raw, FAST, cache)
+            assert record["md5"] == _md5(raw / name) == _md5(sample_release / name)
+            prescan = ap.load_prescan(md5state.prescan_dir(cache), split, raw / name, record["md5"])
+            assert prescan is not None, split
+            walked = INDEX[split](raw / name, split, "")
+            assert prescan[0].to_pylist() == [{k: getattr(e, k) for k in ap.PRESCAN_SCHEMA.names} for e in walked[0]]
+            assert prescan[1] == walked[1]
+        gets = [r for m, p, r in server.requests if m == "GET" and p.endswith(ARCHIVES["train"])]
+        assert gets == [None, "bytes=3000000-", "bytes=5000000-"]  # resumed twice, indexed all the same
+
+
+def test_a_stream_that_restarts_or_a_devkit_leaves_no_prescan(sample_release, tmp_path):
+    raw, cache = tmp_path / "raw", tmp_path / "scratch" / "md5_cache.json"
+    with _serve(sample_release, tmp_path / "srv") as server:
+        server.faults[f"/{ARCHIVES['val']}"].extend([("drop", 700_000), ("ignore_range",)])  # 200 + the whole file
+        record = dl.fetch_archive(ARCHIVES["val"], f"{server.url}/{ARCHIVES['val']}", raw, FAST, cache)
+    assert record["md5"] == _md5(sample_release / ARCHIVES["val"])  # the download itself is right ...
+    prescan = md5state.prescan_dir(cache)
+    assert ap.load_prescan(prescan, "val", raw / ARCHIVES["val"], record["md5"]) is None  # ... but not indexed
+    assert not ap.prescan_paths(prescan, "val")[1].exists()

@@ -25,9 +25,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.acquire.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
-from tasks.acquire.md5state import CACHE_NAME, archive_md5, cached_md5, prescan_dir, remember_md5
+from tasks.acquire.md5state import CACHE_NAME, SPLIT_OF, archive_md5, cached_md5, prescan_dir, remember_md5
 from tasks.acquire.sample import MD5_TABLE, write_sample
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
+from tasks.common.archive_pass import StreamIndex, save_prescan
+from tasks.common.dvc_state import stat_key
 from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
 
 __all__ = [
@@ -197,9 +199,29 @@ def fetch_archive(
     md5 = _unchanged_download(dest, source, cache_file)
     if md5 is None:
         raw_dir.mkdir(parents=True, exist_ok=True)
-        _size, md5 = resumable_download(source, dest, opts)
+        md5 = _download_and_index(name, source, dest, opts, cache_file)
         remember_md5(dest, md5, cache_file, _origin(source))
     return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
+
+
+def _download_and_index(name: str, source: str, dest: Path, opts: FetchOptions, cache_file: Path) -> str:
+    """Download one archive; the train and val archives are indexed for the extract stage as the bytes arrive (the
+    prescan, tasks.common.archive_pass), so after the network read nothing reads the archive again before convert.
+    Returns the MD5 computed on the way in."""
+    split, size = SPLIT_OF.get(name), None
+    if split is not None:
+        size = remote_size(source, opts)
+    index = StreamIndex(split, dest, size) if split is not None and size else None
+    try:
+        got, md5 = resumable_download(source, dest, opts, index, size)
+    except BaseException:
+        if index is not None:
+            index.abort()
+        raise
+    found = index.result(md5, got) if index is not None else None
+    if found is not None and split is not None:
+        save_prescan(prescan_dir(cache_file), split, dest, found, stat_key(dest))
+    return md5
 
 
 def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[str, dict[str, Any]]:

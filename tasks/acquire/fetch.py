@@ -29,6 +29,7 @@ import urllib3
 from tqdm import tqdm
 
 from tasks.common import PipelineError
+from tasks.common.archive_pass import StreamIndex
 from tasks.common.params import DownloadParams
 
 log = logging.getLogger(__name__)
@@ -210,16 +211,25 @@ def part_path(dest: Path) -> Path:
 class _Held:
     """What `.part` holds so far: its size and the running MD5 of exactly those bytes."""
 
-    def __init__(self, part: Path, chunk: int) -> None:
-        self.part, self.digest, self.size = part, hashlib.md5(), 0
-        if part.exists():  # left by an earlier, interrupted run: hash it once to continue the MD5
+    def __init__(self, part: Path, chunk: int, index: StreamIndex | None = None) -> None:
+        self.part, self.digest, self.size, self.index = part, hashlib.md5(), 0, index
+        if part.exists():  # left by an earlier, interrupted run: hash it once to continue the MD5 (and the index)
             with open(part, "rb") as fh:
                 while block := fh.read(chunk):
                     self.digest.update(block)
-                    self.size += len(block)
+                    self.add(block)
+
+    def add(self, block: bytes) -> None:
+        """`block` was appended to `.part` (and hashed): count it, and hand it to the tar index being made."""
+        self.size += len(block)
+        if self.index is not None:
+            self.index.feed(block)
 
     def restart(self) -> None:
         self.digest, self.size = hashlib.md5(), 0
+        if self.index is not None:  # the bytes fed so far are not the file's start any more
+            self.index.abort()
+            self.index = None
 
 
 def _write_error(part: Path, err: OSError) -> PipelineError:
@@ -287,17 +297,23 @@ def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm, expec
             for block in chunks:
                 _append(fh, block, held.part)
                 md5.blocks.put(block)
-                held.size += len(block)
+                held.add(block)
                 bar.update(len(block))
     if total is not None and held.size < total:
         raise _Transient(f"connection closed after {held.size:,} of {total:,} bytes")
 
 
-def resumable_download(source: str, dest: Path, opts: FetchOptions) -> tuple[int, str]:
-    """Stream `source` into `dest` via `dest.part` (resumed, retried); returns (bytes, md5)."""
+def resumable_download(
+    source: str, dest: Path, opts: FetchOptions, index: StreamIndex | None = None, size: int | None = None
+) -> tuple[int, str]:
+    """Stream `source` into `dest` via `dest.part` (resumed, retried); returns (bytes, md5). Every byte, in file
+    order, also goes to `index` (the tar index made on the way in; aborted if the server ignores a Range).
+    `size`: remote_size's answer when the caller already asked."""
     opener = _http_stream if kind(source) == "http" else _fsspec_stream
-    held = _Held(part_path(dest), opts.chunk_bytes)
-    expected = remote_size(source, opts) if opener is _http_stream else None  # fsspec always knows the size
+    held = _Held(part_path(dest), opts.chunk_bytes, index)
+    expected = size
+    if expected is None and opener is _http_stream:  # fsspec always knows the size
+        expected = remote_size(source, opts)
     with tqdm(
         unit="B",
         unit_scale=True,

@@ -42,40 +42,23 @@ PRESCAN_SCHEMA = pa.schema(
 )  # fmt: skip
 
 
-class SequentialView(io.RawIOBase):
-    """A read-only file object over `path` that reads the file once, in order, and MD5s every byte.
+class BlockView(io.RawIOBase):
+    """A read-only file object over bytes that arrive once, in order, in blocks (`feed`; None ends them, an
+    exception is raised to the reader): tarfile reads it as a file.
 
     Reads and seeks may go anywhere: a position inside the last two blocks is served from memory, one further
-    ahead reads (and hashes) the blocks up to it, one further back is read again with pread (tarfile does not do
-    that on a well-formed archive). `finish()` hashes the rest of the file and returns the MD5."""
+    ahead waits for the blocks up to it (dropping those in between), one further back is read again through
+    `reread` (tarfile does not do that on a well-formed archive; without `reread` it is an OSError)."""
 
-    def __init__(self, path: str | os.PathLike[str], bar: Progress | None = None, block: int = BLOCK) -> None:
+    def __init__(self, size: int, bar: Progress | None = None, reread: Any = None) -> None:
         super().__init__()
-        self._fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self._fd).st_size
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        self._md5, self._block, self._bar = hashlib.md5(), block, bar
+        self.size, self._bar, self._reread = size, bar, reread
         self._blocks: queue.Queue[bytes | BaseException | None] = queue.Queue(DEPTH)
         self._stop = threading.Event()
         self._prev, self._cur, self._start, self._pos, self._eof = b"", b"", 0, 0, False
-        self._reader = threading.Thread(target=self._read_ahead, name="archive-pass-reader", daemon=True)
-        self._reader.start()
 
-    def _read_ahead(self) -> None:
-        """Reader thread: each block in file order, hashed, handed to the tar walk (an error is handed on too)."""
-        try:
-            while not self._stop.is_set():
-                block = os.read(self._fd, self._block)
-                if not block:
-                    break
-                self._md5.update(block)
-                self._put(block)
-            self._put(None)
-        except BaseException as err:  # re-raised on the main thread by _advance
-            self._put(err)
-
-    def _put(self, item: bytes | BaseException | None) -> None:
+    def feed(self, item: bytes | BaseException | None) -> None:
+        """Hand over the next block (waits while DEPTH blocks are pending; returns at once once closed)."""
         while not self._stop.is_set():
             try:
                 self._blocks.put(item, timeout=0.1)
@@ -84,9 +67,10 @@ class SequentialView(io.RawIOBase):
                 continue
 
     def _advance(self) -> bool:
-        """The next block becomes current; False at the end of the file."""
+        """The next block becomes current; False at the end of the bytes."""
         item = self._blocks.get()
         if isinstance(item, BaseException):
+            self._eof = True
             raise item
         if item is None:
             self._eof = True
@@ -102,7 +86,10 @@ class SequentialView(io.RawIOBase):
             pass
         rel = pos - self._start
         if rel < 0:  # behind the window: read again (never on a well-formed tar)
-            return os.pread(self._fd, n, pos)
+            if self._reread is None:
+                raise OSError(f"read of {n} bytes at {pos}: already streamed past")
+            data: bytes = self._reread(pos, n)
+            return data
         prev = len(self._prev)
         if rel + n <= prev:
             return self._prev[rel : rel + n]
@@ -135,9 +122,48 @@ class SequentialView(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
+    def drain(self) -> None:
+        """Take the blocks the tar walk did not need (the end-of-archive padding, everything after a refused
+        member), so the one feeding them never waits."""
+        while not self._eof:
+            try:
+                if not self._advance():
+                    return
+            except Exception:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+
+
+class SequentialView(BlockView):
+    """A BlockView over the file `path`, read once in order by a reader thread that MD5s every block."""
+
+    def __init__(self, path: str | os.PathLike[str], bar: Progress | None = None, block: int = BLOCK) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        super().__init__(os.fstat(fd).st_size, bar, lambda pos, n: os.pread(fd, n, pos))
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        self._fd, self._md5, self._block = fd, hashlib.md5(), block
+        self._reader = threading.Thread(target=self._read_ahead, name="archive-pass-reader", daemon=True)
+        self._reader.start()
+
+    def _read_ahead(self) -> None:
+        """Reader thread: each block in file order, hashed, handed to the tar walk (an error is handed on too)."""
+        try:
+            while not self._stop.is_set():
+                block = os.read(self._fd, self._block)
+                if not block:
+                    break
+                self._md5.update(block)
+                self.feed(block)
+            self.feed(None)
+        except BaseException as err:  # re-raised on the main thread by _advance
+            self.feed(err)
+
     def finish(self) -> str:
-        """Hash what the tar walk did not reach (the end-of-archive padding, or everything after a refused
-        member) and return the file's MD5."""
+        """Hash what the tar walk did not reach and return the file's MD5."""
         while not self._eof and self._advance():
             pass
         return self._md5.hexdigest()
@@ -176,6 +202,48 @@ def hash_and_index(path: str | os.PathLike[str], split: str, source: str, progre
             found = ArchivePass("", refused=str(err))
         found.md5 = view.finish()
     return found
+
+
+class StreamIndex:
+    """The tar index of an archive made while its bytes stream in (a download): `feed` every block in file order
+    (from byte 0), then `result(md5)`; `abort()` when the stream restarts. The walk runs on its own thread over a
+    BlockView; a stream that breaks off or restarts gives no index (the extract stage walks the file instead)."""
+
+    def __init__(self, split: str, name: str | os.PathLike[str], size: int) -> None:
+        self._view = BlockView(size)
+        self._found: ArchivePass | None = None
+        self._thread = threading.Thread(target=self._walk, args=(split, name), name="stream-index", daemon=True)
+        self._thread.start()
+
+    def _walk(self, split: str, name: str | os.PathLike[str]) -> None:
+        index = index_nested if split == "train" else index_tar
+        try:
+            entries, reported = index(name, split, "", fileobj=self._view, size=self._view.size)  # type: ignore[arg-type]
+            self._found = ArchivePass("", entries, reported)
+        except PipelineError as err:
+            self._found = ArchivePass("", refused=str(err))
+        except Exception:  # the stream broke off, restarted, or was not the size announced
+            self._found = None
+        finally:
+            self._view.drain()
+
+    def feed(self, block: bytes) -> None:
+        self._view.feed(block)
+
+    def abort(self) -> None:
+        self._view.feed(OSError("the stream restarted from byte 0"))
+        self._thread.join()
+        self._found = None
+
+    def result(self, md5: str, size: int) -> ArchivePass | None:
+        """The index (with the stream's `md5`) once every block was fed; None when `size` bytes are not the size
+        the walk was told, or the walk could not finish."""
+        self._view.feed(None)
+        self._thread.join()
+        if self._found is None or size != self._view.size:
+            return None
+        self._found.md5 = md5
+        return self._found
 
 
 def prescan_paths(prescan_dir: Path, split: str) -> tuple[Path, Path]:

@@ -190,11 +190,12 @@ def open_tar(path: str | os.PathLike[str], mode: ReadMode = "r:", fileobj: IO[by
 
 
 def index_tar(
-    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None
+    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None, size: int | None = None
 ) -> tuple[list[Entry], list[dict[str, str]]]:
     """Index a flat tar (the val archive): one Entry per image member, plus report entries. With `fileobj` (the
-    file's bytes through another reader, e.g. tasks.common.archive_pass) it shows no progress of its own."""
-    size = os.path.getsize(path)
+    file's bytes through another reader, e.g. tasks.common.archive_pass) it shows no progress of its own; `size`:
+    the file's size when it is not on disk yet (a download)."""
+    size = os.path.getsize(path) if size is None else size
     with open_tar(path, fileobj=fileobj) as tar, _scan_bar(path, size, fileobj) as bar:
         return _index_members(tar, str(path), size, split, source, wnid="", bar=bar)
 
@@ -204,14 +205,14 @@ def _scan_bar(path: str | os.PathLike[str], size: int, fileobj: IO[bytes] | None
 
 
 def index_nested(
-    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None
+    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None, size: int | None = None
 ) -> tuple[list[Entry], list[dict[str, str]]]:
-    """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything (`fileobj`: as
-    for index_tar)."""
+    """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything (`fileobj`,
+    `size`: as for index_tar)."""
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
     class_tars: list[str] = []
-    size = os.path.getsize(path)
+    size = os.path.getsize(path) if size is None else size
     with open_tar(path, fileobj=fileobj) as outer, _scan_bar(path, size, fileobj) as bar:
         for inner in safe_members(outer, str(path), size):
             bar.update(inner.offset_data - bar.done)  # the class tars before this one are indexed

@@ -21,7 +21,7 @@ def _sh(project, *cmd: str) -> str:
 
 def _commit(project, message: str) -> None:
     _sh(project, "git", "add", "-A")
-    _sh(project, "git", "-c", "user.name=t", "-c", "user.email=t@127.0.0.1", "commit", "-qm", message)
+    _sh(project, "git", "-c", "user.name=t", "-c", "user.email=t@127.0.0.1", "commit", "-qm", message, "--allow-empty")
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ def versioned(tmp_path_factory, prefect_api):
 
 def _commit(repo: Path, message: str) -> None:
     _run(["git", "add", "-A"], repo)
-    _run([*GIT, "commit", "-qm", message], repo)
+    _run([*GIT, "commit", "-qm", message, "--allow-empty"], repo)
 
 
 def _objects(root: Path) -> dict[str, int]:

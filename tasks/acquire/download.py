@@ -208,18 +208,18 @@ def _download_and_index(name: str, source: str, dest: Path, opts: FetchOptions, 
     """Download one archive; the train and val archives are indexed for the extract stage as the bytes arrive (the
     prescan, tasks.common.archive_pass), so after the network read nothing reads the archive again before convert.
     Returns the MD5 computed on the way in."""
-    split, size = SPLIT_OF.get(name), None
-    if split is not None:
-        size = remote_size(source, opts)
-    index = StreamIndex(split, dest, size) if split is not None and size else None
+    split = SPLIT_OF.get(name)
+    size = remote_size(source, opts) if split else None
+    if split is None or not size:  # the devkit, or a size nobody announced: downloaded only
+        return resumable_download(source, dest, opts, size=size)[1]
+    index = StreamIndex(split, dest, size)
     try:
         got, md5 = resumable_download(source, dest, opts, index, size)
     except BaseException:
-        if index is not None:
-            index.abort()
+        index.abort()
         raise
-    found = index.result(md5, got) if index is not None else None
-    if found is not None and split is not None:
+    found = index.result(md5, got)
+    if found is not None:
         save_prescan(prescan_dir(cache_file), split, dest, found, stat_key(dest))
     return md5
 

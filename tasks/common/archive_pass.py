@@ -31,7 +31,7 @@ from tasks.common.dvc_state import stat_key
 from tasks.common.errors import PipelineError
 from tasks.common.files import atomic_path, write_json
 from tasks.common.progress import Progress
-from tasks.common.tarindex import Entry, index_nested, index_tar
+from tasks.common.tarindex import Entry, index_archive
 
 BLOCK = 8 << 20  # bytes per sequential read
 DEPTH = 4  # blocks read ahead of the tar walk (memory: (DEPTH + 2) x BLOCK)
@@ -191,17 +191,27 @@ def hash_and_index(path: str | os.PathLike[str], split: str, source: str, progre
 
     A tar the walk refuses is still hashed to the end: its MD5 decides first (verify's message and quarantine),
     the refusal is the extract stage's to report."""
-    index = index_nested if split == "train" else index_tar
     size = os.path.getsize(path)
     bar = Progress(size, f"md5 + tar index {Path(path).name}", enabled=progress)
     with bar, SequentialView(path, bar) as view:
-        try:
-            entries, reported = index(path, split, source, fileobj=view)  # type: ignore[arg-type]
-            found = ArchivePass("", entries, reported)
-        except PipelineError as err:
-            found = ArchivePass("", refused=str(err))
+        found = _walk(path, split, source, view)
         found.md5 = view.finish()
     return found
+
+
+def _walk(path: str | os.PathLike[str], split: str, source: str, view: BlockView) -> ArchivePass:
+    """The tar walk over `view` (the MD5 is the caller's to fill in); a refused member is recorded, not raised."""
+    try:
+        entries, reported = index_archive(path, split, source, fileobj=view, size=view.size)  # type: ignore[arg-type]
+    except PipelineError as err:
+        return ArchivePass("", refused=str(err))
+    return ArchivePass("", entries, reported)
+
+
+def entries_table(entries: list[Entry]) -> pa.Table:
+    """The index's entries as a PRESCAN_SCHEMA table (the prescan's file; the extract stage's staging index)."""
+    columns = {name: [getattr(e, name) for e in entries] for name in PRESCAN_SCHEMA.names}
+    return pa.Table.from_pydict(columns, schema=PRESCAN_SCHEMA)
 
 
 class StreamIndex:
@@ -216,12 +226,8 @@ class StreamIndex:
         self._thread.start()
 
     def _walk(self, split: str, name: str | os.PathLike[str]) -> None:
-        index = index_nested if split == "train" else index_tar
         try:
-            entries, reported = index(name, split, "", fileobj=self._view, size=self._view.size)  # type: ignore[arg-type]
-            self._found = ArchivePass("", entries, reported)
-        except PipelineError as err:
-            self._found = ArchivePass("", refused=str(err))
+            self._found = _walk(name, split, "", self._view)
         except Exception:  # the stream broke off, restarted, or was not the size announced
             self._found = None
         finally:
@@ -257,9 +263,8 @@ def save_prescan(prescan_dir: Path, split: str, archive: Path, found: ArchivePas
     meta_path.unlink(missing_ok=True)  # the record goes first: a table without one is never used
     if found.entries is None or stat_key(archive) != key:
         return
-    columns = {name: [getattr(e, name) for e in found.entries] for name in PRESCAN_SCHEMA.names}
     with atomic_path(table_path) as tmp:
-        pq.write_table(pa.Table.from_pydict(columns, schema=PRESCAN_SCHEMA), tmp)
+        pq.write_table(entries_table(found.entries), tmp)
     meta = {"archive": os.path.abspath(archive), "md5": found.md5, "stat": key, "scanner": SCANNER}
     write_json(meta_path, {**meta, "reported": found.reported})
 

@@ -246,3 +246,11 @@ def _index_inner(
             f"{archive}: expected an uncompressed tar of class {wnid}, found unreadable data "
             f"({err}); replace the train archive with the official file"
         ) from None
+
+
+def index_archive(
+    path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None, size: int | None = None
+) -> tuple[list[Entry], list[dict[str, str]]]:
+    """Index the archive of `split`: the train archive's nested per-class tars (index_nested), else a flat tar."""
+    index = index_nested if split == "train" else index_tar
+    return index(path, split, source, fileobj, size)

@@ -20,12 +20,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
-from tasks.common.archive_pass import PRESCAN_SCHEMA, load_prescan
+from tasks.common.archive_pass import entries_table, load_prescan
 from tasks.common.layout import EXTRACT_REPORT, PRESCAN
 from tasks.common.manifests import MANIFEST_SCHEMA, manifest_path
 from tasks.common.params import Project, resolve_path
 from tasks.common.synsets import Synset, shipped_synsets
-from tasks.common.tarindex import index_nested, index_tar
+from tasks.common.tarindex import index_archive
 from tasks.extract import classes as labels
 from tasks.extract import curate
 from tasks.extract import devkit as dk
@@ -150,10 +150,8 @@ def scan_archive_split(
     the same read as its MD5 (tasks.common.archive_pass.load_prescan) — and return the staging index path."""
     source = source_path(archive, root)
     if prescan is None:
-        index = index_nested if split == "train" else index_tar
-        entries, reported = index(archive, split, source)
-        columns = {name: [getattr(e, name) for e in entries] for name in PRESCAN_SCHEMA.names}
-        found = pa.Table.from_pydict(columns, schema=PRESCAN_SCHEMA)
+        entries, reported = index_archive(archive, split, source)
+        found = entries_table(entries)
     else:
         found, reported = prescan
         reported = [{**item, "source": source} for item in reported]  # the pass did not know the project's name

@@ -33,10 +33,10 @@ from tests.helpers.servers import isolate_prefect, prefect_server  # noqa: E402
 isolate_prefect()
 
 from tasks.common.synsets import shipped_synsets  # noqa: E402
+from tasks.convert.plan import LAYOUTS  # noqa: E402
 
 WORK = REPO / "benchmarks" / "_work" / "versions"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
-LAYOUTS = ("content", "size")
 TARGETS = ["data/parquet", "data/manifests", "data/label_map.json"]
 
 

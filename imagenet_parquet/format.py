@@ -179,10 +179,18 @@ def read_indexed(fd: int, entry: np.ndarray, where: str | os.PathLike[str]) -> b
     PLAIN binary values are stored as a 4-byte little-endian length followed by the bytes; `offset` points at
     the bytes."""
     offset, size = int(entry[0]), int(entry[1])
-    data = os.pread(fd, size + 4, offset - 4)
-    if len(data) != size + 4 or int.from_bytes(data[:4], "little") != size:
+    value = plain_value(os.pread(fd, size + 4, offset - 4), size)
+    if value is None:
         raise FormatError(
             f"{where}: expected a {size}-byte image value at offset {offset} (footer {IMAGE_INDEX_KEY}), found "
             "other bytes; the shard was altered — re-run the convert stage"
         )
+    return value
+
+
+def plain_value(data: bytes, size: int) -> bytes | None:
+    """The bytes of a PLAIN binary value (4-byte little-endian length, then the bytes) read from where the byte
+    index points, when `data` is one of `size` bytes; else None."""
+    if len(data) != size + 4 or int.from_bytes(data[:4], "little") != size:
+        return None
     return data[4:]

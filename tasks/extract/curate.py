@@ -108,16 +108,15 @@ def apply_curation(split: str, table: pa.Table, curation: Curation) -> tuple[pa.
     """`table` (a split's scanned and labelled rows) with the split's lines applied, and their counts."""
     exclude = [line for line in curation.exclude if line.split == split]
     relabel = [line for line in curation.relabel if line.split == split]
-    keys = [f"{w}/{n}" for w, n in zip(table.column("wnid").to_pylist(), table.column("name").to_pylist(), strict=True)]
-    position = {key: i for i, key in enumerate(keys)}
-    for line in exclude + relabel:
-        if f"{line.wnid}/{line.name}" not in position:
-            _fail(line.where, f"an image {line.name} of class {line.wnid} in {split}", "no such image in the source")
     wnids = table.column("wnid").to_pylist()
+    position = {(w, n): i for i, (w, n) in enumerate(zip(wnids, table.column("name").to_pylist(), strict=True))}
+    for line in exclude + relabel:
+        if (line.wnid, line.name) not in position:
+            _fail(line.where, f"an image {line.name} of class {line.wnid} in {split}", "no such image in the source")
     for line in relabel:
-        wnids[position[f"{line.wnid}/{line.name}"]] = line.new_wnid
+        wnids[position[line.wnid, line.name]] = line.new_wnid
     table = table.set_column(table.schema.get_field_index("wnid"), "wnid", pa.array(wnids, pa.string()))
-    dropped = pa.array(sorted(position[f"{line.wnid}/{line.name}"] for line in exclude), pa.int64())
+    dropped = pa.array(sorted(position[line.wnid, line.name] for line in exclude), pa.int64())
     keep = pc.invert(pc.is_in(pa.array(range(table.num_rows), pa.int64()), dropped))
     return table.filter(keep), {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index
+from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index, plain_value
 from tasks.common import SPLITS, PipelineError
 from tasks.common.progress import Progress
 
@@ -39,7 +39,7 @@ class Shard:
     path: Path
     first: int  # index of its first row in the combined frame
     rows: int
-    footer: pq.FileMetaData = field(compare=False, repr=False)  # read once; the schema and byte index come from it
+    footer: pq.FileMetaData = field(compare=False, repr=False)  # read once: the schema check uses it
 
 
 def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
@@ -261,15 +261,16 @@ def _check_indexed(
     """The indexed bytes (a PLAIN value: 4-byte little-endian length, then the bytes) must be the row's value."""
     offset, size = int(entry[0]), int(entry[1])
     found = source.at(offset - 4, size + 4) if offset >= 4 and offset + size <= source.size else b""
-    if len(found) != size + 4 or int.from_bytes(found[:4], "little") != size:
+    value = plain_value(found, size)
+    if value is None:
         findings.index_mismatch[row] = (
             f"{IMAGE_INDEX_KEY} points at offset {offset}, where no {size}-byte image value is stored"
         )
         return
-    if data is None or not data.equals(pa.py_buffer(found[4:])):
+    if data is None or not data.equals(pa.py_buffer(value)):
         findings.index_mismatch[row] = (
             f"{IMAGE_INDEX_KEY} offset {offset} holds "
-            f"{size} bytes (sha256 {hashlib.sha256(found[4:]).hexdigest()[:16]}…) "
+            f"{size} bytes (sha256 {hashlib.sha256(value).hexdigest()[:16]}…) "
             "that differ from the row's image.bytes"
         )
 

@@ -229,7 +229,9 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
     def targets(self) -> np.ndarray:
         """Every row's label (reads only the label column), like ImageFolder.targets."""
         if self.remote is not None:
-            return np.concatenate([self._remote_labels(u) for u in range(len(self.index.rows))])
+            return np.concatenate(
+                [self.remote.read_columns(f, ["label"]).column(0).to_numpy() for f in range(len(self.files))]
+            )
         return np.concatenate([pq.read_table(f, columns=["label"]).column(0).to_numpy() for f in self.files])
 
 

@@ -132,11 +132,11 @@ def _options(url: str, section: dict[str, str]) -> dict[str, Any]:
     return options
 
 
-def fetch_object(remote: Remote, fs: Any, md5: str) -> tuple[str, bytes]:
-    """(URL, bytes) of content `md5` in the remote."""
+def fetch_object(remote: Remote, fs: Any, md5: str) -> bytes:
+    """The bytes of content `md5` in the remote."""
     for url in remote.object_urls(md5):
         try:
-            return url, bytes(fs.cat_file(url))
+            return bytes(fs.cat_file(url))
         except FileNotFoundError:
             continue
     raise RemoteError(
@@ -150,7 +150,7 @@ def list_shards(remote: Remote, fs: Any, out: str, md5: str, path: str) -> list[
     sorted by name."""
     if not md5.endswith(".dir"):
         return [(PurePosixPath(out).name, md5)] if out.endswith(".parquet") else []
-    _, data = fetch_object(remote, fs, md5)
+    data = fetch_object(remote, fs, md5)
     sub = str(PurePosixPath(path).relative_to(out))
     prefix = "" if sub == "." else sub.rstrip("/") + "/"
     entries = json.loads(data)

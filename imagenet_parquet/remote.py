@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -67,6 +68,7 @@ class RemoteShards:
     def _reset(self) -> None:
         self._pid, self._fs = os.getpid(), None
         self._meta: dict[int, pq.FileMetaData] = {}
+        self._index: dict[int, np.ndarray | None] = {}  # per file: the footer's byte index, decoded once
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -162,8 +164,7 @@ class RemoteShards:
     def read_image(self, file: int, group: int, row: int) -> bytes | None:
         """Image `row` of `file` (in row group `group`) through the footer's byte index (map-style), the row group
         fetched into the cache first; None for a shard without the index (the caller reads the row group)."""
-        meta = self.footer(file)
-        index = decode_image_index(meta.metadata, meta.num_rows, self.entries[file][0])
+        index = self._byte_index(file)
         if index is None:
             return None
         fd = self._open(file, group, lambda path: os.open(path, os.O_RDONLY))
@@ -171,6 +172,18 @@ class RemoteShards:
             return read_indexed(fd, index[row], self.entries[file][0])
         finally:
             os.close(fd)
+
+    def _byte_index(self, file: int) -> np.ndarray | None:
+        if file not in self._index:
+            meta = self.footer(file)
+            self._index[file] = decode_image_index(meta.metadata, meta.num_rows, self.entries[file][0])
+        return self._index[file]
+
+    def read_columns(self, file: int, columns: Sequence[str]) -> pa.Table:
+        """Small `columns` (e.g. `label`) of the whole of `file`, straight from the remote: only their column
+        chunks are requested (uncached reads: a range request each), never the image bytes of the row groups."""
+        with self._filesystem().open(self._url(file), "rb", cache_type="none") as fh:
+            return pq.ParquetFile(fh, metadata=self.footer(file)).read(columns=list(columns), use_threads=False)
 
     def _evict(self, keep: Path) -> None:
         """Delete least-recently-used row-group files until all of them fit `cache_bytes` (never `keep`)."""

@@ -14,8 +14,7 @@ def test_an_unknown_wnid_in_a_class_list_names_the_list_line_before_any_scan(tmp
     def no_scan(*_args, **_kwargs):
         raise AssertionError("nothing may be scanned before the class list is checked")
 
-    monkeypatch.setattr(extract, "index_nested", no_scan)
-    monkeypatch.setattr(extract, "index_tar", no_scan)
+    monkeypatch.setattr(extract, "index_archive", no_scan)
     with pytest.raises(PipelineError) as err:
         extract.job_from_params(project(tmp_path, extract={"classes": "classes.txt"}))
     assert str(err.value) == (

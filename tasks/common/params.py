@@ -131,6 +131,10 @@ class ConvertParams(Section):
     full_decode: bool
     shard_mb: int | float = Field(ge=0.001, le=1 << 20)  # int stays int: it is recorded in the shards
     row_group_rows: int = Field(ge=1, le=1 << 24)
+    order: Literal["hashed", "class"] = Field(
+        description="hashed: rows by a keyed hash of the image name (every row group a uniform class mix) | "
+        "class: sorted by class, then name (class locality)"
+    )
     workers: Workers = Field(json_schema_extra=SPEED_ONLY)
     task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
     dask_address: Text | None = Field(

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 3  # 2: footer byte index; 3: `phash` column (perceptual fingerprint)
+FORMAT_VERSION = 4  # 2: footer byte index; 3: `phash` column (perceptual fingerprint); 4: rows in `order`
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
 FINGERPRINT_ALGORITHM = "dct64-v1"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do

@@ -18,6 +18,7 @@ from PIL import Image, ImageStat
 from imagenet_parquet.format import TRANSFORM_PATTERN
 from tasks.common import PipelineError
 from tasks.convert.distribute import run_local
+from tasks.convert.plan import order_hash, order_rows
 from tasks.convert.stage import prepare
 from tests.helpers.datasets import flat_dataset, make_job, read_rows, sample_dataset, shard_bytes
 from tests.helpers.images import jpeg, noisy_jpeg
@@ -42,7 +43,7 @@ def test_sample_passthrough_round_trip(sample_release, tmp_path):
     sample_dataset(tmp_path, sample_release)
     job = make_job(tmp_path)
     metrics = run_local(job, progress=False)
-    manifests = {s: pq.read_table(job.manifest(s)).to_pylist() for s in ("train", "val")}
+    manifests = {s: order_rows(pq.read_table(job.manifest(s)), job.order).to_pylist() for s in ("train", "val")}
     seen = set()
     for split, manifest in manifests.items():
         rows = read_rows(job, split)
@@ -155,7 +156,9 @@ def test_same_bytes_for_1_2_and_3_workers_and_stale_shards_removed(tmp_path):
     assert sizes[:-1] == [4] * (len(sizes) - 1) and 0 < sizes[-1] <= 4
     bigger = make_job(root, shard_mb=1, row_group_rows=4)
     run_local(bigger, progress=False)
-    assert sorted(p.name for p in (root / "data/parquet/train").iterdir()) == ["train-n00-img000.JPEG.parquet"]
+    names = [f"img{i:03d}.JPEG" for i in range(40)] + ["cmyk.JPEG", "zero.JPEG"]
+    first = min(names, key=order_hash)  # hashed order: the manifest row with the smallest hash leads
+    assert [p.name for p in (root / "data/parquet/train").iterdir()] == [f"train-h{order_hash(first).hex()[:16]}.parquet"]
 
 
 KILL_SCRIPT = """

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.convert.plan import content_ranges, plan_split, row_key
+from tasks.convert.plan import content_ranges, order_rows, plan_split, row_key
 from tests.helpers.params import write_params
 from tests.helpers.project import GIT, copy_project, up_to_date
 from tests.test_remote import S3_ENV, _configure, _run, moto_s3  # noqa: F401  (moto_s3: a fixture)
@@ -24,8 +24,8 @@ def _manifest(n: int, classes: int = 20, seed: int = 0) -> pa.Table:
                                   "offset": 0, "size": size} for w, name, size in rows])
 
 
-def _shards(table: pa.Table, layout: str = "content") -> dict[str, str]:
-    return {p.name: p.key for p in plan_split("train", table, TARGET, "base", layout)}
+def _shards(table: pa.Table, layout: str = "content", order: str = "class") -> dict[str, str]:
+    return {p.name: p.key for p in plan_split("train", order_rows(table, order), TARGET, "base", layout, order)}
 
 
 TARGET = 8 << 20  # ~250 images of ~33 KB a shard (ImageNet at 256 MB: ~2300)
@@ -47,12 +47,40 @@ def test_content_layout_rewrites_only_the_shards_holding_a_change_size_layout_sh
         if drop == 1:
             assert _changed(old, _shards(smaller, "size")) > len(old) // 4  # the former layout: many shards
     wnids = table.column("wnid").to_pylist()
-    moved = [w if w != "n00000003" or i % 3 else "n00000017" for i, w in enumerate(wnids)]  # relabel a third
-    relabelled = table.set_column(1, "wnid", pa.array(moved)).sort_by([("wnid", "ascending"), ("name", "ascending")])
+    relabelled = _relabel(table, lambda i, w: w == "n00000003" and not i % 3, "n00000017")  # relabel a third
     touched = {n for n in base if n.startswith(("train-n00000003", "train-n00000017"))}
     assert _changed(base, _shards(relabelled)) <= len(touched) + 2
     assert content_ranges(map(row_key, wnids, wnids), [1] * len(wnids), TARGET) == [(0, len(wnids), len(wnids))]
     assert plan_split("val", table.slice(0, 0), TARGET, "base")[0].name == "val-empty.parquet"
+
+
+def _relabel(table: pa.Table, pick, to: str) -> pa.Table:
+    wnids = table.column("wnid").to_pylist()
+    moved = [to if pick(i, w) else w for i, w in enumerate(wnids)]
+    return table.set_column(1, "wnid", pa.array(moved)).sort_by([("wnid", "ascending"), ("name", "ascending")])
+
+
+def test_hashed_order_one_removal_or_relabel_rewrites_one_shard_a_new_class_most():
+    table = _manifest(20000)
+    base = _shards(table, order="hashed")
+    assert 60 < len(base) < 140 and all(n.startswith("train-h") for n in base)
+    plans = plan_split("train", order_rows(table, "hashed"), TARGET, "base", order="hashed")
+    sizes = [p.input_bytes for p in plans]
+    assert max(sizes) <= 2 * TARGET and min(sizes[:-1]) >= TARGET // 2
+    hashed = order_rows(table, "hashed")
+    first = hashed.slice(plans[1].start, plans[1].stop - plans[1].start).column("wnid").to_pylist()
+    assert len(set(first)) == 20  # every shard a uniform sample of the classes (~250 rows of 20)
+    for drop in (1, 2500, 9999, 19998):  # remove one image: one shard
+        assert _changed(base, _shards(pa.concat_tables([table.slice(0, drop), table.slice(drop + 1)]), order="hashed")) == 1
+    for row in (0, 777, 12345):  # relabel one image: one shard (the class-order layout rewrites two)
+        one = _relabel(table, lambda i, w, row=row: i == row, "n00000017")
+        assert _changed(base, _shards(one, order="hashed")) == 1
+        assert _changed(_shards(table), _shards(one)) == 2
+    extra = pa.Table.from_pylist([{"label": 20, "wnid": "n00000020", "name": f"n00000020_{i:05d}.JPEG", "source": "s",
+                                   "member": "", "offset": 0, "size": 20000} for i in range(1000)])
+    added = pa.concat_tables([table, extra])
+    assert _changed(base, _shards(added, order="hashed")) > 0.8 * len(base)  # a new class: most shards
+    assert _changed(_shards(table), _shards(added)) <= 6  # class order: its own ~3 new shards + the one before
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ class Job:
     policy: Policy = field(default_factory=Policy)
     shard_mb: float = 256
     row_group_rows: int = 100
+    order: str = "hashed"  # tasks/convert/plan.py ORDERS
     max_bad_fraction: float = 0.001
     root: Path = Path(".")  # manifest `source` paths are relative to it (the repo) unless absolute
 
@@ -61,6 +62,7 @@ class Job:
             "full_decode": p.full_decode,
             "shard_mb": self.shard_mb,
             "row_group_rows": self.row_group_rows,
+            "order": self.order,
         }
 
 
@@ -84,6 +86,7 @@ def job_from_params(params: ConvertParams, paths: Mapping[str, Path], root: str 
         policy=policy,
         shard_mb=params.shard_mb,
         row_group_rows=params.row_group_rows,
+        order=params.order,
         max_bad_fraction=params.max_bad_fraction,
         root=root,
     )

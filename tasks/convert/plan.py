@@ -1,9 +1,15 @@
 """Shard planning: which manifest rows go to which shard (deterministic, from the manifest alone), and resume
 checks (a shard finished for the same plan is kept).
 
+The row order (`order_rows`, `convert.order`): `hashed` (default) puts a split's rows in the order of a keyed
+hash of the image name (its identity: unchanged by a relabel), so every row group, every shard and any
+sequential read is a uniform sample of the classes; `class` keeps the manifest's (wnid, name) order.
+
 The layout is content-defined (`content_ranges`): cuts and names come from the rows themselves, so a new version
-of the dataset that changes some classes rewrites only the shards holding them (plus at most a neighbour), and
-every other shard keeps its name, key and bytes — DVC stores, pushes and pulls only what changed."""
+of the dataset rewrites only the shards holding a change (plus at most a neighbour), and every other shard keeps
+its name, key and bytes — DVC stores, pushes and pulls only what changed. In hashed order a removed or
+relabelled image touches one shard, but a new class spreads over (and rewrites) most shards; in class order a
+new class rewrites the shards around it, a relabel the two it moves between."""
 
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ import pyarrow.parquet as pq
 # Past the target a hit is NORMALIZE times likelier, so a shard almost never reaches MAX (a cut forced there would
 # move with every insertion before it, and the shards after it too, until the next hit).
 MIN_FRACTION, MAX_FRACTION, NORMALIZE = 0.5, 2.0, 4
+ORDERS = ("hashed", "class")  # convert.order
+ORDER_KEY = b"imagenet-parquet/order/v1"  # the key of the order hash (a new key = a new order of every split)
 LAYOUTS = ("content", "size")  # size: the former balanced ranges named -NNNNN-of-NNNNN (benchmarks compare them)
 PLAN_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]  # a shard's identity (its rows)
 _SAFE_NAME = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_.]{0,159}")
@@ -113,27 +121,69 @@ def shard_stem(wnid: str, name: str) -> str:
     return f"{wnid}-{token}"
 
 
+def order_hash(name: str) -> bytes:
+    """The keyed hash that places an image in hashed order (BLAKE2b keyed with ORDER_KEY, 16 bytes): a function
+    of the image name alone, independent of the content-defined cut hash (`_hash64`, SHA-256)."""
+    return hashlib.blake2b(name.encode(), digest_size=16, key=ORDER_KEY).digest()
+
+
+def order_rows(table: pa.Table, order: str) -> pa.Table:
+    """A split's manifest rows (sorted by wnid, name, ...) in `order`: `class` keeps them; `hashed` sorts by
+    (order_hash(name), then the manifest order: equal names in two class folders keep a fixed order)."""
+    if order not in ORDERS:
+        raise ValueError(f"order: expected one of {ORDERS}, found {order!r}")
+    if order == "class" or table.num_rows == 0:
+        return table
+    hashes = pa.array([order_hash(n) for n in table.column("name").to_pylist()], pa.binary(16))
+    keyed = table.append_column("__order", hashes).append_column("__row", pa.array(range(table.num_rows)))
+    indices = keyed.sort_by([("__order", "ascending"), ("__row", "ascending")]).column("__row")
+    return table.take(indices)
+
+
 def plan_split(
-    split: str, table: pa.Table, target_bytes: int, base_key: str, layout: str = "content"
+    split: str, table: pa.Table, target_bytes: int, base_key: str, layout: str = "content", order: str = "hashed"
 ) -> list[ShardPlan]:
-    """The shards of one split's manifest `table` (PLAN_COLUMNS, sorted by wnid, name) in `layout`."""
+    """The shards of one split's manifest `table` (PLAN_COLUMNS, already in `order`: `order_rows`) in `layout`.
+
+    Class order cuts on the (wnid, name) key and names shards `<wnid>-<first image>`; hashed order cuts on the
+    name alone (a relabel moves no cut) and names shards by the order hash of their first image (sorting like
+    the rows)."""
     columns = {c: table.column(c).to_pylist() for c in PLAN_COLUMNS}
     sizes, wnids, names = columns["size"], columns["wnid"], columns["name"]
     if layout == "size":
         ranges = plan_ranges(sizes, target_bytes)
     else:
-        ranges = content_ranges(map(row_key, wnids, names), sizes, target_bytes)
+        keys = names if order == "hashed" else map(row_key, wnids, names)
+        ranges = content_ranges(keys, sizes, target_bytes)
     rows = list(zip(*columns.values(), strict=True))
+    stems = _stems(ranges, wnids, names, layout, order)
     plans = []
-    for index, (start, stop, nbytes) in enumerate(ranges):
-        if layout == "size":
-            stem = f"{index:05d}-of-{len(ranges):05d}"
-        else:
-            stem = shard_stem(wnids[start], names[start]) if stop > start else "empty"
-        digest = hashlib.sha256(f"{base_key}:{split}:{layout}:{stem}".encode())
+    for index, ((start, stop, nbytes), stem) in enumerate(zip(ranges, stems, strict=True)):
+        digest = hashlib.sha256(f"{base_key}:{split}:{layout}:{order}:{stem}".encode())
         digest.update(json.dumps(rows[start:stop]).encode())
         plans.append(ShardPlan(split, index, len(ranges), start, stop, nbytes, digest.hexdigest(), stem))
     return plans
+
+
+def _stems(
+    ranges: list[tuple[int, int, int]], wnids: list[str], names: list[str], layout: str, order: str
+) -> list[str]:
+    """Each shard's file stem: `NNNNN-of-NNNNN` (size layout), `<wnid>-<first image>` (class order) or
+    `h<16 hex digits of the first image's order hash>` (hashed order; `-2`, `-3`... on the rare equal name)."""
+    if layout == "size":
+        return [f"{i:05d}-of-{len(ranges):05d}" for i in range(len(ranges))]
+    stems: list[str] = []
+    seen: dict[str, int] = {}
+    for start, stop, _ in ranges:
+        if stop <= start:
+            stem = "empty"
+        elif order == "hashed":
+            stem = "h" + order_hash(names[start]).hex()[:16]
+        else:
+            stem = shard_stem(wnids[start], names[start])
+        seen[stem] = seen.get(stem, 0) + 1
+        stems.append(stem if seen[stem] == 1 else f"{stem}-{seen[stem]}")
+    return stems
 
 
 def finished_stats(plan: ShardPlan, shard: Path, stats_path: Path) -> dict[str, Any] | None:

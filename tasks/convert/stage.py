@@ -27,12 +27,12 @@ from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import MANIFEST_SCHEMA
 from tasks.common.progress import Progress as _Bar
 from tasks.convert.fingerprint import stored_fingerprint
-from tasks.convert.imaging import BadImage, encode_image
+from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.job import Job
-from tasks.convert.plan import ShardPlan, finished_stats, plan_split, remove_stale
+from tasks.convert.plan import ShardPlan, finished_stats, order_rows, plan_split, remove_stale
 from tasks.convert.writer import write_shard
 
-PREFETCH_BYTES = 32 << 20  # image bytes read ahead of the encoder (kernel readahead, no extra memory here)
+PREFETCH_BYTES = 32 << 20  # image bytes asked of the kernel ahead of the encoder (page cache, no memory here)
 MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # what convert reads of a manifest
 
 
@@ -45,7 +45,8 @@ def prepare(job: Job) -> list[ShardPlan]:
     for split in job.splits():
         table = _manifest(job.manifest(split))
         _check_labels(job.manifest(split), table, wnid_label)
-        split_plans = plan_split(split, table, job.target_bytes, base)
+        table = order_rows(table, job.order)
+        split_plans = plan_split(split, table, job.target_bytes, base, order=job.order)
         remove_stale(job.parquet / split, {p.name for p in split_plans})
         remove_stale(
             job.work / "convert" / split,
@@ -145,46 +146,50 @@ class _Tally:
 
 
 def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally: _Tally) -> Iterator[dict[str, Any]]:
-    """Read each image through the manifest (pread), apply the policy, yield rows in schema order."""
+    """Read the images through the manifest (pread, a row group's worth at a time in archive-offset order), apply
+    the policy, yield rows in the shard's order and the schema's layout."""
     with _Sources(job.root) as sources:
-        ahead = mark = 0  # rows[:ahead] asked of the kernel; ask for more once row `mark` is read
-        for i, row in enumerate(rows):
-            data = sources.read(row["source"], row["offset"], row["size"])
-            if i >= mark:  # keep ~PREFETCH_BYTES of the next images on their way from disk while this one encodes
-                ahead = sources.prefetch(rows, max(ahead, i + 1))
-                mark = (i + ahead) // 2
-            try:
-                enc = encode_image(data, job.policy)
-                phash = stored_fingerprint(enc.data)  # of the stored (possibly re-encoded) bytes
-            except BadImage as err:
-                tally.bad.append(
-                    {
-                        "split": tally.split,
-                        "source": row["source"],
-                        "member": row["member"],
-                        "name": row["name"],
-                        "reason": str(err),
-                    }
-                )
-                continue
-            tally.image_bytes += len(enc.data)
-            yield {
-                "image": {"bytes": enc.data, "path": row["name"]},
-                "label": row["label"],
-                "wnid": row["wnid"],
-                "label_name": names[row["label"]],
-                "width": enc.width,
-                "height": enc.height,
-                "source_format": enc.source_format,
-                "transform": enc.transform,
-                "exif_orientation": enc.exif_orientation,
-                "sha256": hashlib.sha256(enc.data).hexdigest(),
-                "phash": phash,
-            }
+        for group, images in sources.groups(rows, job.row_group_rows):
+            for row, data in zip(group, images, strict=True):
+                try:
+                    enc = encode_image(data, job.policy)
+                    phash = stored_fingerprint(enc.data)  # of the stored (possibly re-encoded) bytes
+                except BadImage as err:
+                    tally.bad.append(
+                        {
+                            "split": tally.split,
+                            "source": row["source"],
+                            "member": row["member"],
+                            "name": row["name"],
+                            "reason": str(err),
+                        }
+                    )
+                    continue
+                tally.image_bytes += len(enc.data)
+                yield _shard_row(row, enc, phash, names)
+
+
+def _shard_row(row: dict[str, Any], enc: Encoded, phash: int, names: list[str]) -> dict[str, Any]:
+    return {
+        "image": {"bytes": enc.data, "path": row["name"]},
+        "label": row["label"],
+        "wnid": row["wnid"],
+        "label_name": names[row["label"]],
+        "width": enc.width,
+        "height": enc.height,
+        "source_format": enc.source_format,
+        "transform": enc.transform,
+        "exif_orientation": enc.exif_orientation,
+        "sha256": hashlib.sha256(enc.data).hexdigest(),
+        "phash": phash,
+    }
 
 
 class _Sources:
-    """Open source files (relative to the repo root), one at a time: archives are read by many rows in a row."""
+    """Open source files (relative to the repo root), one at a time: archives are read by many rows in a row.
+
+    The kernel's own readahead is off (POSIX_FADV_RANDOM): in hashed order a shard's images lie all over the
+    archive, and every byte read is asked for exactly (WILLNEED) a group ahead, so nothing is read twice."""
 
     def __init__(self, root: Path) -> None:
         self.root, self.fd = root, -1
@@ -196,29 +201,60 @@ class _Sources:
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
             os.close(self.fd)
+            self.fd = -1
+
+    def groups(self, rows: list[dict[str, Any]], size: int) -> Iterator[tuple[list[dict[str, Any]], list[bytes]]]:
+        """`rows` in groups of `size` with their image bytes; each group is read in (source, offset) order — one
+        forward sweep over the archive — while the kernel fetches the next ~PREFETCH_BYTES of that read order."""
+        size = max(1, size)
+        starts = range(0, len(rows), size)
+        sequence = [
+            j for k in starts for j in sorted(range(k, min(k + size, len(rows))), key=lambda j: _disk_order(rows[j]))
+        ]
+        data: dict[int, bytes] = {}
+        ahead = mark = 0  # sequence[:ahead] asked of the kernel; ask for more once sequence[mark] is read
+        for n, j in enumerate(sequence):
+            data[j] = self.read(rows[j]["source"], rows[j]["offset"], rows[j]["size"])
+            if n >= mark:  # keep ~PREFETCH_BYTES of the next images on their way from disk while these encode
+                ahead = self._prefetch(rows, sequence, max(ahead, n + 1))
+                mark = (n + ahead) // 2
+            if (n + 1) % size == 0 or n + 1 == len(sequence):
+                first = n // size * size
+                yield rows[first : first + size], [data.pop(i) for i in range(first, min(first + size, len(rows)))]
 
     def read(self, source: str, offset: int, size: int) -> bytes:
-        if source != self.path:
-            self.__exit__()
-            try:
-                self.fd = os.open(self.root / source, os.O_RDONLY)
-            except OSError as err:
-                raise PipelineError(
-                    f"{source}: expected the file named by the manifest, found {err.strerror}; "
-                    "re-run `dvc repro` (download, verify, extract)"
-                ) from None
-            self.path = source
+        self._open(source)
         return read_exact(self.fd, size, offset, source)
 
-    def prefetch(self, rows: list[dict[str, Any]], start: int) -> int:
-        """posix_fadvise(WILLNEED) for rows[start:] of the open source, up to PREFETCH_BYTES; the first row not
-        asked for (folder mode, one file per row: nothing is asked, the kernel reads small files whole)."""
+    def _open(self, source: str) -> None:
+        if source == self.path:
+            return
+        self.__exit__()
+        try:
+            self.fd = os.open(self.root / source, os.O_RDONLY)
+        except OSError as err:
+            raise PipelineError(
+                f"{source}: expected the file named by the manifest, found {err.strerror}; "
+                "re-run `dvc repro` (download, verify, extract)"
+            ) from None
+        self.path = source
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def _prefetch(self, rows: list[dict[str, Any]], sequence: list[int], start: int) -> int:
+        """posix_fadvise(WILLNEED) for rows[sequence[start:]] of the open source, up to PREFETCH_BYTES; the first
+        position not asked for (folder mode, one file per row: nothing is asked, the kernel reads small files
+        whole)."""
         end, asked = start, 0
-        while end < len(rows) and asked < PREFETCH_BYTES and rows[end]["source"] == self.path:
-            os.posix_fadvise(self.fd, rows[end]["offset"], rows[end]["size"], os.POSIX_FADV_WILLNEED)
-            asked += rows[end]["size"]
+        while end < len(sequence) and asked < PREFETCH_BYTES and rows[sequence[end]]["source"] == self.path:
+            row = rows[sequence[end]]
+            os.posix_fadvise(self.fd, row["offset"], row["size"], os.POSIX_FADV_WILLNEED)
+            asked += row["size"]
             end += 1
         return end
+
+
+def _disk_order(row: dict[str, Any]) -> tuple[str, int]:
+    return row["source"], row["offset"]
 
 
 def _manifest(path: Path) -> pa.Table:

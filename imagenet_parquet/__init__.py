@@ -25,17 +25,18 @@ __all__ = [
 _LAZY = {
     "ParquetImageDataset": ("datasets", "ParquetImageDataset"),
     "ParquetIterableDataset": ("datasets", "ParquetIterableDataset"),
-    "RowGroupSampler": ("datasets", "RowGroupSampler"),
-    "shuffle_buffer": ("datasets", "shuffle_buffer"),
+    "RowGroupSampler": ("samplers", "RowGroupSampler"),
+    "shuffle_buffer": ("samplers", "shuffle_buffer"),
     "decode_image": ("decode", "decode_image"),
     "find_shards": ("shards", "find_shards"),
     "load_label_map": ("format", "read_label_map"),
 }
 
 if TYPE_CHECKING:
-    from .datasets import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, shuffle_buffer
+    from .datasets import ParquetImageDataset, ParquetIterableDataset
     from .decode import decode_image
     from .format import read_label_map as load_label_map
+    from .samplers import RowGroupSampler, shuffle_buffer
     from .shards import find_shards
 
 

@@ -3,17 +3,17 @@
 * `ParquetImageDataset`: map-style, `ds[i] -> (image, label)`; reads the image with one `pread` through the
   shard footer's per-row byte index (labels read once per file); for shards without that index it reads the row
   group holding `i` (image bytes and label columns) and keeps the most recent `cache_row_groups` per process.
-* `ParquetIterableDataset`: streams whole row groups in a (seed, epoch)-shuffled order through a shuffle buffer,
-  split across distributed ranks and DataLoader workers with no duplicate and no missing row (see partition.py).
-* `RowGroupSampler`: a sampler for the map-style dataset that shuffles row groups, then rows inside a small window
-  of row groups, so the row-group cache hits (for shards without the footer index a plain random sampler reads
-  one row group per sample; with it, any order costs one pread per sample).
+* `ParquetIterableDataset`: streams the epoch's global order (partition.py: a function of seed and epoch),
+  interleaved over distributed ranks and handed to DataLoader workers in chunks of `batch_size`, so global step
+  t holds the same images on any number of GPUs and workers; images are read one `pread` each (the byte index),
+  a few chunks ahead in a background thread; `state_dict()` / `load_state_dict()` resume mid-epoch.
+* `RowGroupSampler` (samplers.py): the same order as indices for the map-style dataset.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .format import read_label_map
-from .partition import rank_range, row_slices, split_range, unit_order
+from .partition import Position, epoch_order, rank_count, rank_positions, worker_chunks
 from .readahead import read_ahead
+from .resume import Resumable
 from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class _ShardedImages:
         self.draft_size = draft_size
         self.decode = decode
         self._reader = RowGroupReader(self.index, READ_COLUMNS, cache_size=cache_row_groups, remote=self.remote)
+        self._indexed = IndexedReader(self.files)
+        self._labels: dict[int, np.ndarray] = {}
 
     @classmethod
     def from_dvc(
@@ -152,6 +155,36 @@ class _ShardedImages:
     def class_to_idx(self) -> dict[str, int]:
         return {name: i for i, name in enumerate(self.classes)}
 
+    def _read_row(self, index: int) -> tuple[bytes, int]:
+        """(image bytes, label) of global row `index`: one pread through the footer's byte index (local shards),
+        the row group fetched into the local cache (remote), or the cached row group (shards without the index)."""
+        unit, row = self.index.locate(index)
+        hit: tuple[bytes, int] | None
+        if self.remote is not None:
+            file, file_row = self.index.locate_file(unit, index)
+            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row)
+            hit = None if image is None else (image, int(self._remote_labels(unit)[row]))
+        else:
+            hit = self._indexed.read(*self.index.locate_file(unit, index))
+        if hit is not None:
+            return hit
+        table = self._reader.read(unit)
+        return table.column("image")[row]["bytes"].as_py(), table.column("label")[row].as_py()
+
+    def _remote_labels(self, unit: int) -> np.ndarray:
+        """Labels of row group `unit` of remote shards (fetched with the row group, kept: 8 bytes a row)."""
+        labels = self._labels.get(unit)
+        if labels is None:
+            assert self.remote is not None
+            file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
+            labels = self._labels[unit] = self.remote.read_row_group(file, group, ["label"]).column(0).to_numpy()
+        return labels
+
+    def _willneed(self, indices: list[int]) -> None:
+        """Ask the kernel for these rows' images (POSIX_FADV_WILLNEED; local shards with the byte index)."""
+        if self.remote is None:
+            self._indexed.willneed([self.index.locate_file(self.index.locate(i)[0], i) for i in indices])
+
     def _sample(self, data: bytes, label: int) -> tuple[Any, Any]:
         image: Any = decode_image(data, draft_size=self.draft_size) if self.decode else data
         if self.transform is not None:
@@ -181,8 +214,6 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         cache_row_groups: int = 4,
     ):
         super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups)
-        self._indexed = IndexedReader(self.files)
-        self._labels: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -192,37 +223,14 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         index = int(index) + total if int(index) < 0 else int(index)
         if not 0 <= index < total:
             raise IndexError(f"index {index} out of range for {total} images")
-        unit, row = self.index.locate(index)
-        hit: tuple[bytes, int] | None
-        if self.remote is not None:  # the row group's bytes fetched into the local cache, the image through the index
-            file, file_row = self.index.locate_file(unit, index)
-            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row)
-            hit = None if image is None else (image, int(self._remote_labels(unit)[row]))
-        else:
-            hit = self._indexed.read(*self.index.locate_file(unit, index))
-        if hit is not None:  # one pread through the footer's byte index
-            return self._sample(*hit)
-        table = self._reader.read(unit)  # shards without the index: the row group, from the LRU cache
-        data = table.column("image")[row]["bytes"].as_py()
-        return self._sample(data, table.column("label")[row].as_py())
-
-    def _remote_labels(self, unit: int) -> np.ndarray:
-        """Labels of row group `unit` of remote shards (fetched with the row group, kept: 8 bytes a row)."""
-        labels = self._labels.get(unit)
-        if labels is None:
-            assert self.remote is not None
-            file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
-            labels = self._labels[unit] = self.remote.read_row_group(file, group, ["label"]).column(0).to_numpy()
-        return labels
+        return self._sample(*self._read_row(index))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """A DataLoader batch: the kernel is asked for every image of the batch first (POSIX_FADV_WILLNEED), so
         it reads them in parallel while the first ones decode; then `self[i]` for each, in order."""
-        if self.remote is None:
-            total = len(self.index)
-            wanted = [int(i) + total if int(i) < 0 else int(i) for i in indices]
-            rows = [self.index.locate_file(self.index.locate(i)[0], i) for i in wanted if 0 <= i < total]
-            self._indexed.willneed(rows)
+        total = len(self.index)
+        wanted = [int(i) + total if int(i) < 0 else int(i) for i in indices]
+        self._willneed([i for i in wanted if 0 <= i < total])
         return [self[i] for i in indices]
 
     @property
@@ -235,16 +243,23 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         return np.concatenate([pq.read_table(f, columns=["label"]).column(0).to_numpy() for f in self.files])
 
 
-class ParquetIterableDataset(_ShardedImages, _IterBase):
-    """Streaming dataset: row groups in a (seed, epoch)-shuffled order, then a `shuffle_buffer`-row buffer.
+class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
+    """Streaming dataset: the epoch's global order (a function of seed and epoch: row groups shuffled, rows
+    shuffled inside windows of `window` row groups), interleaved over distributed ranks (`rank`/`world_size`,
+    default torch.distributed's when initialised) and handed to DataLoader workers in chunks of `batch_size`.
 
-    Sharded over distributed ranks (`rank`/`world_size`, default torch.distributed's when initialised) and
-    DataLoader workers: every row exactly once per epoch over all ranks with uneven="keep" (see partition.py for
-    "drop"/"pad"). The order is a function of (seed, epoch, world_size, num_workers). Call `set_epoch(e)` before
-    each epoch (with the default non-persistent workers, so the workers receive the new epoch).
+    Pass the DataLoader's `batch_size`: then global step t (one batch on every rank) holds the same images
+    whatever `world_size` and `num_workers` are, and `state_dict()` / `load_state_dict()` (torchdata's
+    StatefulDataLoader calls them in each worker) resume mid-epoch: on the same topology exactly where the run
+    stopped; on another, from `{"epoch": e, "samples_seen": n}` (n: the images of the global steps the loop
+    finished) with every remaining image exactly once. Without `batch_size` a rank's positions go to workers one
+    by one: every image still once per epoch, but which images share a batch depends on `num_workers`.
+    `uneven`: partition.py ("keep": every image once). Call `set_epoch(e)` before each epoch (with the default
+    non-persistent workers, so the workers receive the new epoch).
 
-    `read_ahead`: row groups each worker reads ahead of decoding, in a background thread (0: read when needed);
-    the kernel is also asked (POSIX_FADV_WILLNEED) for the two after those. Memory: read_ahead + 2 row groups."""
+    `shuffle_buffer` (rows) is the older way to size the window: rounded to whole row groups. `read_ahead`:
+    pieces of up to 64 images each worker reads ahead of decoding, in a background thread; the kernel is also
+    asked (POSIX_FADV_WILLNEED) for the two after those."""
 
     def __init__(
         self,
@@ -257,7 +272,9 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
         decode: bool = True,
         label_map: Any = None,
         shuffle: bool = True,
-        shuffle_buffer: int = 1000,
+        window: int = 4,
+        shuffle_buffer: int | None = None,
+        batch_size: int | None = None,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
@@ -266,105 +283,79 @@ class ParquetIterableDataset(_ShardedImages, _IterBase):
     ):
         super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1)
         if read_ahead < 0:
-            raise ValueError(f"read_ahead: expected >= 0 row groups, found {read_ahead}")
-        self.read_ahead = read_ahead
-        self.shuffle, self.shuffle_buffer, self.seed, self.epoch = shuffle, shuffle_buffer, seed, 0
+            raise ValueError(f"read_ahead: expected >= 0 pieces, found {read_ahead}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size: expected >= 1 (the DataLoader's), found {batch_size}")
+        if shuffle_buffer is not None:
+            window = max(1, round(shuffle_buffer * len(self.index.rows) / max(1, len(self.index))))
+        self.read_ahead, self.batch_size = read_ahead, batch_size
+        self.shuffle, self.window, self.seed, self.epoch = shuffle, window, seed, 0
+        self._reader.cache_size = max(1, window)  # shards without the byte index: a window's row groups
         self.rank, self.world_size = _distributed(rank, world_size)
         self.uneven = uneven
-        rank_range(len(self.index), self.rank, self.world_size, uneven)  # validate early
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        self._resume: Position | None = None
+        self._pass: tuple[Position, int, int] | None = None
+        epoch_order(self.index.starts[:1], seed, 0, shuffle, window)  # validate early
+        rank_count(len(self.index), 0, self.rank, self.world_size, uneven)
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (over all its DataLoader workers)."""
-        start, stop = rank_range(len(self.index), self.rank, self.world_size, self.uneven)
-        return stop - start
+        return rank_count(len(self.index), 0, self.rank, self.world_size, self.uneven)
+
+    def _total(self) -> int:
+        return len(self.index)
+
+    def _topology(self) -> tuple[int, int, int]:
+        return self.world_size, _worker()[1], self.batch_size or 1
+
+    def _other_topology(self, position: Position) -> Position:
+        """Per-worker states (StatefulDataLoader with workers) are not global: refuse them on another topology."""
+        assert position.topology is not None
+        if position.topology[1] > 1:
+            raise ValueError(
+                f"state: saved by one of {position.topology[1]} DataLoader workers of a run with (world_size, "
+                f"num_workers, batch_size) = {tuple(position.topology)}, found {self._topology()} now; on "
+                'another topology load {"epoch": e, "samples_seen": n} instead (n: images of the global steps '
+                "your loop finished), or resume on the same topology"
+            )
+        return super()._other_topology(position)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        worker, workers = _worker()
-        rows = self._rows(worker, workers)
-        if self.shuffle and self.shuffle_buffer > 1:
-            rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
-            rows = shuffle_buffer(rows, self.shuffle_buffer, rng)
-        for data, label in rows:
+        for data, label in self._rows():
             yield self._sample(data, label)
 
-    def _rows(self, worker: int, workers: int) -> Iterator[tuple[bytes, int]]:
-        """(bytes, label) of this (rank, worker)'s rows, row group by row group, in epoch order."""
-        order = unit_order(len(self.index.rows), self.seed, self.epoch, self.shuffle)
-        sizes = self.index.rows[order]
-        start, stop = rank_range(int(sizes.sum()), self.rank, self.world_size, self.uneven)
-        start, stop = split_range(start, stop, worker, workers)
-        slices = [(int(order[pos]), first, end) for pos, first, end in row_slices(sizes, start, stop)]
-        hint = lambda ahead: self._reader.willneed([unit for unit, _, _ in ahead])  # noqa: E731
-        for rows in read_ahead(slices, self._load, self.read_ahead, hint, hint_ahead=self.read_ahead + 2):
-            yield from rows
+    def _rows(self) -> Iterator[tuple[bytes, int]]:
+        """(bytes, label) of this (rank, worker)'s positions of the epoch order, in order, read ahead."""
+        worker, workers = _worker()
+        start, local, count = self._begin()
+        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
+        positions = rank_positions(len(self.index), start.origin, self.rank, self.world_size, self.uneven)
+        chunks = worker_chunks(count, self.batch_size or 1, worker, workers, local)
+        pieces = [(a, min(a + 64, b)) for lo, b in _merged(chunks) for a in range(lo, b, 64)]
 
-    def _load(self, piece: tuple[int, int, int]) -> list[tuple[bytes, int]]:
-        """Rows [first, end) of row group `unit` as (bytes, label): what the read-ahead thread prepares."""
-        unit, first, end = piece
-        table = self._reader.read_uncached(unit).slice(first, end - first)
-        images = [data for chunk in table.column("image").chunks for data in chunk.field("bytes").to_pylist()]
-        return list(zip(images, table.column("label").to_pylist(), strict=True))
+        def rows(piece: tuple[int, int]) -> list[int]:
+            return [int(i) for i in order[positions[piece[0] : piece[1]]]]
 
+        def hint(ahead: Sequence[tuple[int, int]]) -> None:
+            self._willneed([i for piece in ahead for i in rows(piece)])
 
-def shuffle_buffer(items: Iterator[Any], size: int, rng: np.random.Generator) -> Iterator[Any]:
-    """Yield `items` in a random order using a buffer of `size` items (memory bounded by `size`)."""
-    buffer: list[Any] = []
-    picks: Iterator[int] = iter(())
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = next(picks, None)
-        if j is None:  # random slots drawn in blocks: one numpy call per 4096 items, not per item
-            picks = iter(rng.integers(size, size=4096).tolist())
-            j = next(picks)
-        yield buffer[j]
-        buffer[j] = item
-    rng.shuffle(buffer)
-    yield from buffer
+        def load(piece: tuple[int, int]) -> list[tuple[bytes, int]]:
+            return [self._read_row(i) for i in rows(piece)]
+
+        loads = read_ahead(pieces, load, self.read_ahead, hint, self.read_ahead + 2)
+        for (a, _), loaded in zip(pieces, loads, strict=True):
+            for offset, row in enumerate(loaded):
+                self._advance(a + offset + 1)  # before the yield: a snapshot taken after it counts this row
+                yield row
+        self._resume = None  # this pass is done: a next pass over the epoch starts at its beginning
 
 
-class RowGroupSampler(_SamplerBase):
-    """Indices for a ParquetImageDataset: row groups shuffled, then rows shuffled inside windows of `window`
-    consecutive row groups (keep `window` <= the dataset's `cache_row_groups`). Distributed like the iterable
-    dataset (rank/world_size/uneven); `set_epoch` as torch's DistributedSampler."""
-
-    def __init__(
-        self,
-        dataset: ParquetImageDataset,
-        *,
-        shuffle: bool = True,
-        window: int = 4,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        uneven: str = "keep",
-    ):
-        self.index, self.shuffle, self.window, self.seed, self.epoch = dataset.index, shuffle, window, seed, 0
-        self.rank, self.world_size = _distributed(rank, world_size)
-        self.uneven = uneven
-        rank_range(len(self.index), self.rank, self.world_size, uneven)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        start, stop = rank_range(len(self.index), self.rank, self.world_size, self.uneven)
-        return stop - start
-
-    def __iter__(self) -> Iterator[int]:
-        order = unit_order(len(self.index.rows), self.seed, self.epoch, self.shuffle)
-        rng = np.random.default_rng([self.seed, self.epoch, 1])
-        chunks = []
-        for w in range(0, len(order), self.window):
-            units = order[w : w + self.window]
-            rows = np.concatenate([np.arange(self.index.starts[u], self.index.starts[u + 1]) for u in units])
-            if self.shuffle:
-                rng.shuffle(rows)
-            chunks.append(rows)
-        indices = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
-        start, stop = rank_range(len(indices), self.rank, self.world_size, self.uneven)
-        return iter(np.take(indices, np.arange(start, stop), mode="wrap").tolist())
+def _merged(chunks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent [a, b) ranges joined (one worker: its chunks are contiguous)."""
+    merged: list[tuple[int, int]] = []
+    for a, b in chunks:
+        if merged and merged[-1][1] == a:
+            merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged

@@ -1,24 +1,36 @@
-"""Pure sharding arithmetic for the iterable dataset: which rows of which row groups a (rank, worker) reads.
+"""Pure order arithmetic for both readers: the epoch's global order, which positions of it a rank and a DataLoader
+worker yield, and the resumable position (`Position`) that `state_dict()` / `load_state_dict()` carry.
 
-One epoch = the row groups in a (seed, epoch)-shuffled order, concatenated into one sequence of N rows. Rank r
-takes a contiguous range of that sequence, and worker w a contiguous range of its rank's range, so each process
-reads whole row groups except at most two partial ones at its ends.
+One epoch = every row once, in an order that is a function of (seed, epoch) only (`epoch_order`): row groups
+shuffled, then rows shuffled inside windows of `window` consecutive row groups (a window's images lie in a few
+row groups: the reads stay local; shards written in hashed order make every row group a uniform class mix).
 
-`uneven` says what happens when N is not a multiple of world_size:
-  * "keep": every row exactly once per epoch; rank sizes differ by at most 1 (floor/ceil of N / world_size).
-  * "drop": every rank yields floor(N / world_size); the last N mod world_size rows of this epoch's order
-    (different rows each epoch when shuffled) are skipped.
-  * "pad":  every rank yields ceil(N / world_size); the sequence wraps around, so the first few rows of this
-    epoch's order are yielded twice (as torch's DistributedSampler does).
+Ranks interleave (`rank_positions`): rank r of W yields positions origin + m·W + r, m = 0, 1, ... So a global
+batch of G = B·W images — rank r's batch t holds its positions [t·B, (t+1)·B) — is positions
+[origin + t·G, origin + (t+1)·G) of the epoch order whatever W (dividing G) is: global step t holds the same G
+images on 1, 2 or 8 GPUs. DataLoader workers take a rank's positions in chunks of `chunk` (`worker_chunks`,
+round-robin, as the DataLoader takes batches from its workers in turn): with chunk = the loader's batch size the
+rank's batches come out in position order, whatever the number of workers.
+
+`uneven` says what happens when the positions left (total - origin) are not a multiple of world_size:
+  * "keep": every row exactly once; ranks yield floor or ceil of (total - origin) / W (batch counts may differ
+    by one).
+  * "drop": every rank yields floor((total - origin) / W); the last few positions of this epoch are skipped.
+  * "pad":  every rank yields ceil((total - origin) / W); positions past the end wrap to the epoch's first ones
+    (as torch's DistributedSampler does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 UNEVEN = ("keep", "drop", "pad")
+STATE_VERSION = 1
 
 
 def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -28,37 +40,104 @@ def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
     return np.random.default_rng([seed, epoch]).permutation(num_units).astype(np.int64)
 
 
-def rank_range(total: int, rank: int, world_size: int, uneven: str = "keep") -> tuple[int, int]:
-    """[start, stop) of the epoch sequence for `rank`; stop may exceed `total` with uneven="pad" (wraps)."""
+def epoch_order(starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, window: int = 4) -> np.ndarray:
+    """Every row index once (row group u holds rows starts[u]..starts[u+1]-1): row groups in `unit_order`, rows
+    shuffled inside each window of `window` consecutive row groups of that order. A function of (seed, epoch)."""
+    if window < 1:
+        raise ValueError(f"window: expected >= 1 row groups, found {window}")
+    starts = np.asarray(starts, dtype=np.int64)
+    if not shuffle:
+        return np.arange(int(starts[-1]), dtype=np.int64)
+    units = unit_order(len(starts) - 1, seed, epoch, True)
+    sizes = starts[1:][units] - starts[:-1][units]
+    rows = np.repeat(starts[:-1][units] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+    rng = np.random.default_rng([seed, epoch, 1])
+    bounds = np.concatenate([[0], np.cumsum(sizes)])[::window].tolist() + [len(rows)]
+    for a, b in itertools.pairwise(bounds):
+        rng.shuffle(rows[a:b])
+    return rows
+
+
+def check_topology(rank: int, world_size: int, uneven: str) -> None:
     if uneven not in UNEVEN:
         raise ValueError(f"uneven: expected one of {UNEVEN}, found {uneven!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, found {rank}")
+
+
+def rank_count(total: int, origin: int, rank: int, world_size: int, uneven: str = "keep") -> int:
+    """How many positions rank `rank` yields from `origin` to the end of the epoch."""
+    check_topology(rank, world_size, uneven)
+    left = max(0, total - origin)
     if uneven == "keep":
-        return rank * total // world_size, (rank + 1) * total // world_size
-    per_rank = total // world_size if uneven == "drop" else -(-total // world_size)
-    return rank * per_rank, (rank + 1) * per_rank
+        return max(0, -(-(left - rank) // world_size))
+    return left // world_size if uneven == "drop" else -(-left // world_size)
 
 
-def split_range(start: int, stop: int, part: int, parts: int) -> tuple[int, int]:
-    """The `part`-th of `parts` contiguous, near-equal pieces of [start, stop)."""
-    size = stop - start
-    return start + part * size // parts, start + (part + 1) * size // parts
+def rank_positions(total: int, origin: int, rank: int, world_size: int, uneven: str = "keep") -> np.ndarray:
+    """The positions of the epoch order rank `rank` yields, in order: origin + m·world_size + rank ("pad": past
+    the end they wrap to the epoch's first positions)."""
+    count = rank_count(total, origin, rank, world_size, uneven)
+    positions = origin + rank + world_size * np.arange(count, dtype=np.int64)
+    return positions % total if uneven == "pad" and total else positions
 
 
-def row_slices(sizes: np.ndarray, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-    """(position in `sizes`, first row, end row) covering [start, stop) of the concatenated sequence.
+def worker_chunks(count: int, chunk: int, worker: int, workers: int, done: int = 0) -> list[tuple[int, int]]:
+    """[a, b) ranges of a rank's `count` positions that DataLoader worker `worker` of `workers` yields: chunks
+    t ≡ worker (mod workers) of `chunk` positions, in order, leaving out the positions before `done` (a resumed
+    worker continues inside its own chunk, or at its next one)."""
+    if chunk < 1:
+        raise ValueError(f"batch_size: expected >= 1, found {chunk}")
+    first = done // chunk
+    first += (worker - first) % workers
+    return [
+        (max(t * chunk, done), min((t + 1) * chunk, count))
+        for t in range(first, -(-count // chunk), workers)
+        if max(t * chunk, done) < min((t + 1) * chunk, count)
+    ]
 
-    Positions at or past the total wrap around to the beginning (used by uneven="pad")."""
-    total = int(sizes.sum())
-    if total == 0:
-        return
-    ends = np.cumsum(sizes)
-    pos = start
-    while pos < stop:
-        p = pos % total
-        i = int(np.searchsorted(ends, p, side="right"))
-        first = int(ends[i] - sizes[i])
-        end = min(int(ends[i]), p + (stop - pos))
-        yield i, p - first, end - first
-        pos += end - p
+
+@dataclass(frozen=True)
+class Position:
+    """Where an epoch stands: `origin`, the position this pass over it started at (0, or where a resume on
+    another topology began), and `seen`, the global positions consumed (origin + local·world_size, or the total
+    once the rank is done). `topology` is (world_size, workers, chunk) of the run that saved it, or None for a
+    state built by the training loop (`{"epoch": e, "samples_seen": n}`): then a resume starts at `seen` on any
+    topology."""
+
+    epoch: int
+    origin: int
+    seen: int
+    topology: tuple[int, int, int] | None = None
+
+    def to_state(self, seed: int, total: int) -> dict[str, Any]:
+        state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "num_samples": total}
+        state.update(epoch=self.epoch, samples_seen=self.seen, origin=self.origin)
+        if self.topology is not None:
+            state["topology"] = list(self.topology)
+        return state
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], seed: int, total: int) -> Position:
+        """Checked: the same seed and number of images (another order or another dataset cannot be resumed)."""
+        if not {"epoch", "samples_seen"} <= set(state):
+            raise ValueError(
+                f"state: expected a dict with 'epoch' and 'samples_seen' (from state_dict(), or built by the "
+                f"training loop), found {state!r}"
+            )
+        for key, mine in (("seed", seed), ("num_samples", total)):
+            if key in state and state[key] != mine:
+                raise ValueError(
+                    f"state: expected {key}={mine} (this dataset/sampler), found {key}={state[key]}; a resume "
+                    "needs the same seed and the same shards as the run that saved the state"
+                )
+        seen = int(state["samples_seen"])
+        if not 0 <= seen <= total:
+            raise ValueError(f"state: expected 0 <= samples_seen <= {total}, found {seen}")
+        topology = state.get("topology")
+        origin = int(state.get("origin", seen)) if topology is not None else seen
+        return cls(int(state["epoch"]), origin, seen, tuple(topology) if topology is not None else None)
+
+    def local_done(self, world_size: int) -> int:
+        """Positions of each rank already consumed since `origin`."""
+        return (self.seen - self.origin) // world_size

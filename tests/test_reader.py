@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image
-from imagenet_parquet.partition import rank_range, row_slices, split_range
+from imagenet_parquet.partition import epoch_order, rank_count, rank_positions, worker_chunks
 from tests.helpers.datasets import write_shards
 from tests.helpers.images import identify, indexed_jpeg
 from tests.helpers.project import REPO
@@ -95,23 +95,28 @@ def test_transform_target_transform_raw_bytes_and_draft(shards, tmp_path):
 
 
 def test_partition_covers_every_row_once():
-    sizes = [4, 4, 3, 4, 1, 4, 4, 2]
-    total = sum(sizes)
+    """Every (world size, workers, chunk, origin): the ranks' workers yield positions origin.. of the epoch order
+    exactly once; the epoch order holds every row once and depends on (seed, epoch) only."""
     import numpy as np
 
-    arr = np.asarray(sizes)
-    offsets = np.concatenate([[0], np.cumsum(arr)])
+    starts = np.concatenate([[0], np.cumsum([4, 4, 3, 4, 1, 4, 4, 2])])
+    total = int(starts[-1])
+    order = epoch_order(starts, seed=3, epoch=1, window=2)
+    assert sorted(order.tolist()) == list(range(total)) and order.tolist() != list(range(total))
+    assert order.tolist() == epoch_order(starts, 3, 1, window=2).tolist() != epoch_order(starts, 3, 2, window=2).tolist()
     for world in (1, 2, 3, 5, 40):
         for workers in (1, 2, 3):
-            seen = []
-            for rank in range(world):
-                a, b = rank_range(total, rank, world, "keep")
-                for w in range(workers):
-                    for pos, lo, hi in row_slices(arr, *split_range(a, b, w, workers)):
-                        seen += range(offsets[pos] + lo, offsets[pos] + hi)
-            assert sorted(seen) == list(range(total)), (world, workers)
+            for chunk, origin in ((1, 0), (4, 0), (3, 7)):
+                seen = []
+                for rank in range(world):
+                    positions = rank_positions(total, origin, rank, world)
+                    assert len(positions) == rank_count(total, origin, rank, world)
+                    for w in range(workers):
+                        for a, b in worker_chunks(len(positions), chunk, w, workers):
+                            seen += positions[a:b].tolist()
+                assert sorted(seen) == list(range(origin, total)), (world, workers, chunk, origin)
     with pytest.raises(ValueError, match="uneven"):
-        rank_range(10, 0, 2, "even")
+        rank_positions(10, 0, 0, 2, "even")
 
 
 def run_rank(rank: int, world_size: int, port: int, shard_dir: str, out_path: str) -> None:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset
 from imagenet_parquet.readahead import read_ahead
-from imagenet_parquet.shards import row_group_span
+from imagenet_parquet.shards import IndexedReader
 from tasks.convert.writer import ShardWriter
 from tests.helpers.datasets import write_shards
 from tests.helpers.images import identify
@@ -78,7 +78,7 @@ def _fadvised(monkeypatch) -> list[tuple[str, int, int, int]]:
     return calls
 
 
-def test_iterable_read_ahead_same_rows_as_synchronous_and_willneed_on_its_row_groups(shards, monkeypatch):
+def test_iterable_read_ahead_same_rows_as_synchronous_and_willneed_on_its_images(shards, monkeypatch):
     sync = ParquetIterableDataset(shards, "train", transform=identify, read_ahead=0, seed=2, rank=1, world_size=2)
     ahead = ParquetIterableDataset(shards, "train", transform=identify, read_ahead=2, seed=2, rank=1, world_size=2)
     for epoch in (0, 1):
@@ -90,12 +90,15 @@ def test_iterable_read_ahead_same_rows_as_synchronous_and_willneed_on_its_row_gr
     calls = _fadvised(monkeypatch)
     rows = [i for i, _ in ahead]
     assert len(rows) == len(ahead)
-    spans = {(str(path.resolve()), *row_group_span(pq.read_metadata(path), g))
-             for path in ahead.files for g in range(pq.read_metadata(path).num_row_groups)}
+    index = IndexedReader(ahead.files)
+    images = {}
+    for row in rows:
+        file, file_row = ahead.index.locate_file(ahead.index.locate(row)[0], row)
+        offset, size = (int(x) for x in index._entry(file)[1][file_row])
+        images[(str(ahead.files[file].resolve()), offset - 4, offset + size)] = row  # length prefix + bytes
     asked = [(path, offset, offset + length) for path, offset, length, advice in calls
              if advice == os.POSIX_FADV_WILLNEED]
-    assert asked and set(asked) <= spans  # whole row groups, of this rank's epoch only
-    assert len(asked) == len(set(asked))  # each once
+    assert sorted(asked) == sorted(images)  # exactly this rank's images (length prefix + bytes), each once
     with pytest.raises(ValueError, match="read_ahead"):
         ParquetIterableDataset(shards, "train", read_ahead=-1)
 

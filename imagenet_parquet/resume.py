@@ -1,0 +1,79 @@
+"""Mid-epoch resume for the sampler and the iterable dataset: `set_epoch`, `state_dict()`, `load_state_dict()`.
+
+Both follow torchdata's `Stateful` protocol, so `StatefulDataLoader` saves and restores them (the sampler in the
+main process, the iterable dataset in each worker). The state is the epoch's `Position` (partition.py): a global
+count of positions consumed, so a resume on the same topology continues exactly where the run stopped, and a
+state built by the training loop — `{"epoch": e, "samples_seen": n}`, n = the images of the global steps it
+finished — resumes on any world size, worker count or batch size with every remaining image exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .partition import Position, rank_count
+
+
+class Resumable:
+    """State shared by RowGroupSampler and ParquetIterableDataset (each sets the attributes used here)."""
+
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+    uneven: str
+    _resume: Position | None
+    _pass: tuple[Position, int, int] | None  # (where this pass started, rank positions consumed, rank's count)
+
+    def _total(self) -> int:
+        raise NotImplementedError
+
+    def _topology(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call before each epoch, as for torch's DistributedSampler (a loaded state of another epoch is dropped)."""
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands: {version, seed, num_samples, epoch, samples_seen, origin, topology}."""
+        if self._pass is not None and self._pass[0].epoch == self.epoch:
+            start, local, count = self._pass
+            seen = self._total() if local >= count else min(self._total(), start.origin + local * self.world_size)
+            origin = start.origin
+        else:
+            start = self._start()
+            origin, seen = start.origin, start.seen
+        return Position(self.epoch, origin, seen, self._topology()).to_state(self.seed, self._total())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at `state` (from state_dict(), or `{"epoch": e, "samples_seen": n}` from the training loop):
+        the next pass over epoch `state["epoch"]` yields only what that run had not consumed."""
+        position = Position.from_state(state, self.seed, self._total())
+        if position.topology is not None and position.topology != self._topology():
+            position = self._other_topology(position)
+        self.epoch, self._resume, self._pass = position.epoch, position, None
+
+    def _other_topology(self, position: Position) -> Position:
+        """A state saved on another topology: its `samples_seen` is global, so the rest of the epoch starts there."""
+        return Position(position.epoch, position.seen, position.seen)
+
+    def _start(self) -> Position:
+        """Where the next pass over this epoch starts: the loaded state when it is this epoch's, else 0."""
+        if self._resume is not None and self._resume.epoch == self.epoch:
+            return self._resume
+        return Position(self.epoch, 0, 0)
+
+    def _begin(self) -> tuple[Position, int, int]:
+        """Start a pass: (its start, this rank's positions already consumed since the origin, the rank's count)."""
+        start = self._start()
+        count = rank_count(self._total(), start.origin, self.rank, self.world_size, self.uneven)
+        local = count if start.seen >= self._total() else min(count, start.local_done(self.world_size))
+        self._pass = (start, local, count)
+        return start, local, count
+
+    def _advance(self, local: int) -> None:
+        """This rank's positions up to `local` (since the origin) are consumed."""
+        assert self._pass is not None
+        self._pass = (self._pass[0], local, self._pass[2])

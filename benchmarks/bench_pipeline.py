@@ -18,6 +18,7 @@ and the mirror (every inode once) for the high-water mark. `md5sum` and `cp` of 
 in the same run. Prints markdown tables and a projection to ImageNet-1k (1,331,167 images) for 2 and 16 cores.
 
     python benchmarks/bench_pipeline.py --images 40000 [--fixed-images 4000] [--baseline-rev REV] [--keep]
+        [--variant convert.order=class]   # also this tree with a params override, side by side
     python benchmarks/bench_pipeline.py --report benchmarks/_work/pipeline-results.json   # print a saved run again
     python benchmarks/bench_pipeline.py --images 4000 --check-mirror [DIR]   # the mirror's near-duplicate pairs
 """
@@ -254,9 +255,12 @@ def project_at(rev: str | None, dest: Path) -> Path:
     return dest
 
 
-def prepare(project: Path, mirror: Path, record: Path) -> None:
+def prepare(project: Path, mirror: Path, record: Path, overrides: dict[str, str] | None = None) -> None:
     (project / "dvc.lock").unlink(missing_ok=True)
     params = yaml.safe_load((project / "params.yaml").read_text())
+    for key, value in (overrides or {}).items():  # --variant: section.key=value (a YAML value)
+        section, name = key.split(".", 1)
+        params[section][name] = yaml.safe_load(value)
     params["download"]["source"] = str(mirror)
     params["verify"]["checksums"] = str(mirror / sample.MD5_TABLE)
     params["validate"]["train_count"] = [1, 1300]
@@ -336,11 +340,12 @@ def reference_rows(mirror: Path) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- one run and its rows
-def run_variant(label: str, rev: str | None, mirror: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_variant(label: str, rev: str | None, mirror: Path, env: dict[str, str],
+                overrides: dict[str, str] | None = None) -> dict[str, Any]:
     project = project_at(rev, WORK / f"project-{label}")
     record = WORK / f"stages-{label}.jsonl"
     record.unlink(missing_ok=True)
-    prepare(project, mirror, record)
+    prepare(project, mirror, record, overrides)
     server = warm_server(env)
     watch = DiskWatch([project, mirror])
     base = watch.used()
@@ -456,6 +461,20 @@ def table(label: str, runs: dict[str, dict[str, Any]], refs: dict[str, dict[str,
     return "\n".join(lines)
 
 
+def compare_stage(results: dict[str, dict[str, dict[str, Any]]], stage: str) -> str:
+    """One stage of every variant beside the first one's (same mirror, same run): wall, CPU, read() passes."""
+    first = next(iter(results))
+    rows = {label: dict(stage_rows(runs["big"]))[stage] for label, runs in results.items()}
+    data = results[first]["big"]["data"]
+    lines = [f"\n### {stage}, each variant beside `{first}` (the {results[first]['big']['images']:,}-image run)\n",
+             "| variant | wall s | ÷ first | CPU s | ÷ first | read() passes |", "|---|---:|---:|---:|---:|---:|"]
+    base = rows[first]
+    for label, r in rows.items():
+        lines.append(f"| {label} | {r['wall']:.1f} | {r['wall'] / base['wall']:.2f} | {r['cpu']:.1f} | "
+                     f"{r['cpu'] / base['cpu']:.2f} | {r['rchar'] / data:.2f} |")
+    return "\n".join(lines)
+
+
 def check_mirror(given: Path | None, images: int, keep: bool) -> None:
     """--check-mirror: the near-duplicate figures of a mirror (given, or the --images one, built here)."""
     if given is not None and not (given / ARCHIVES["train"]).is_file():
@@ -477,6 +496,9 @@ def main() -> None:
                         help="a second, smaller mirror whose run gives the fixed cost of each step (0: none; default "
                              "images / 10, at least 200: large enough that both runs take the same code paths)")
     parser.add_argument("--baseline-rev", default=None, help="also run this git revision on the same mirrors")
+    parser.add_argument("--variant", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="also run this tree with a params.yaml override (repeatable: one variant each), e.g. "
+                        "convert.order=class")
     parser.add_argument("--keep", action="store_true", help="keep the mirrors under benchmarks/_work/pipeline")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a saved run (RESULTS) again")
     parser.add_argument("--check-mirror", nargs="?", const="", default=None, metavar="DIR",
@@ -488,6 +510,7 @@ def main() -> None:
         saved = json.loads(args.report.read_text())
         for label, runs in saved["results"].items():
             print(table(label, runs, saved["refs"], saved["cpus"]))
+        print(compare_stage(saved["results"], "convert"))
         return
     if not SAMPLES.is_dir():
         raise SystemExit(f"{SAMPLES}: expected the folder of real ImageNet JPEGs, found nothing")
@@ -501,14 +524,16 @@ def main() -> None:
     if args.fixed_images is None:
         args.fixed_images = max(200, args.images // 10)
     sizes = {"big": args.images, **({"small": args.fixed_images} if 0 < args.fixed_images < args.images else {})}
-    variants = {"this tree": None} | ({f"baseline {args.baseline_rev}": args.baseline_rev} if args.baseline_rev
-                                      else {})
+    variants: dict[str, tuple[str | None, dict[str, str]]] = {"this tree": (None, {})}
+    variants |= {f"this tree, {v}": (None, dict([v.split("=", 1)])) for v in args.variant}
+    if args.baseline_rev:
+        variants[f"baseline {args.baseline_rev}"] = (args.baseline_rev, {})
     results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in variants}
     try:
         for size, count in sizes.items():
             mirror, images = build_mirror(count)
-            for label, rev in variants.items():
-                run = run_variant(re.sub(r"\W+", "-", label), rev, mirror, env)
+            for label, (rev, overrides) in variants.items():
+                run = run_variant(re.sub(r"\W+", "-", label), rev, mirror, env, overrides)
                 run["images"] = images
                 run["data"] = sum((mirror / name).stat().st_size for name in ARCHIVES.values())
                 results[label][size] = run
@@ -522,6 +547,7 @@ def main() -> None:
     RESULTS.write_text(json.dumps({"results": results, "refs": refs, "cpus": have}, indent=1))
     for label, runs in results.items():
         print(table(label, runs, refs, have))
+    print(compare_stage(results, "convert"))
     print(f"\n(raw figures: {RESULTS}; print again with --report {RESULTS})")
 
 

@@ -1,8 +1,10 @@
-"""What a new version costs: the content-defined shard layout vs the size-planned one, side by side (issue 12).
+"""What a new version costs: the hashed row order vs the class order (content-defined cuts both, issue 20), and the
+size-planned layout of before issue 12 (class order), side by side.
 
 Builds a folder-mode tree of unique real JPEGs (the 1000 samples of ../shared, each copy made unique by a JPEG
 COM segment after SOI; default 50 classes x 90 train + 10 val = 5,000 images) under benchmarks/_work/versions/,
-then per layout a project copy (`size`: tasks/convert/plan.py's default layout switched in the copy) with a local
+then per variant a project copy (`hashed`, `class`: `convert.order`; `size`: class order and tasks/convert/plan.py's
+default layout switched in the copy) with a local
 DVC remote and a training node (a clone that pulled the version before). Version 0 is `dvc repro convert`,
 committed, pushed, pulled; then each change in turn (curation files, or the tree) is rerun, committed, pushed and
 pulled, and the table shows per change: shards rewritten / total per split, MB newly stored in the DVC cache,
@@ -33,7 +35,8 @@ from tests.helpers.servers import isolate_prefect, prefect_server  # noqa: E402
 isolate_prefect()
 
 from tasks.common.synsets import shipped_synsets  # noqa: E402
-from tasks.convert.plan import LAYOUTS  # noqa: E402
+
+VARIANTS = ("hashed", "class", "size")  # convert.order hashed / class (content layout), size layout (class order)
 
 WORK = REPO / "benchmarks" / "_work" / "versions"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
@@ -86,14 +89,15 @@ def shards(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
     }
 
 
-def make_project(layout: str, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, Path]:
-    base = WORK / layout
+def make_project(variant: str, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, Path]:
+    base = WORK / variant
     shutil.rmtree(base, ignore_errors=True)
     project = copy_project(base / "project")
-    if layout == "size":
+    if variant == "size":
         plan = project / "tasks/convert/plan.py"
         plan.write_text(plan.read_text().replace('layout: str = "content"', 'layout: str = "size"', 1))
     params = yaml.safe_load((project / "params.yaml").read_text())
+    params["convert"]["order"] = "hashed" if variant == "hashed" else "class"
     params["extract"].update(mode="folder", folder=str(tree))
     params["convert"]["shard_mb"] = args.shard_mb
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -133,9 +137,11 @@ def changes(wnids: list[str]) -> list[tuple[str, object]]:
     """Each change: (name, edit(project) -> a command to run before `dvc repro convert`, or [])."""
     w = wnids
     relabel = [f"train,{w[c]},{w[c]}_{i:05d}.JPEG,{w[30]},bench" for c in (5, 6) for i in range(50)]
+    one = [f"train,{w[8]},{w[8]}_00007.JPEG,{w[31]},bench"]
     val = [f"val,{w[c]},{w[c]}_{i:05d}.JPEG,bench" for c in range(10, 20) for i in range(5)]
     return [
         ("remove 1 train image", lambda p: curation_line(p, "exclude", [f"train,{w[20]},{w[20]}_00045.JPEG,bench"])),
+        ("relabel 1 train image", lambda p: curation_line(p, "relabel", one)),
         ("relabel 100 images in 3 classes", lambda p: curation_line(p, "relabel", relabel)),
         ("exclude 50 val images", lambda p: curation_line(p, "exclude", val)),
         ("add 1 class", lambda p: ["dvc", "repro", "-f", "-s", "extract"]),
@@ -175,7 +181,7 @@ def main() -> None:
            "DVC_NO_ANALYTICS": "1"}
     rows = []
     with prefect_server(WORK / "prefect.log") as env["PREFECT_API_URL"]:
-        projects = {layout: make_project(layout, tree, args, env) for layout in LAYOUTS}
+        projects = {variant: make_project(variant, tree, args, env) for variant in VARIANTS}
         for name, edit in changes(wnids):
             if name == "add 1 class":
                 write_class(tree, wnids[args.classes], {"train": args.train_per_class, "val": args.val_per_class},
@@ -186,7 +192,7 @@ def main() -> None:
     images = args.classes * (args.train_per_class + args.val_per_class)
     print(f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
           "each change on top of the previous version; dvc repro convert, push, node pull")
-    head = (f"{'change':<33}{'layout':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
+    head = (f"{'change':<33}{'variant':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
             f"{'pushed MB':>11}"
             f"{'pulled MB':>11}{'wall s':>8}{'CPU s':>8}")
     print(head + "\n" + "-" * len(head))

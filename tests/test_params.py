@@ -35,7 +35,7 @@ def test_the_repository_params_validate():
     ("convert", {"policy": "fast"}, "convert.policy: expected one of passthrough, reencode, found 'fast'"),
     ("convert", {"task_runner": "dask", "dask_address": None},
      "convert.dask_address: expected a scheduler address (tcp://host:8786) with task_runner: dask, found null"),
-    ("extract", {"mode": "folder", "folder": None}, "extract.folder: expected the root of the train/<wnid>"),
+    ("extract", {"mode": "folder", "folder": None}, "extract.folder: expected the root of the train/<class>"),
     ("extract", {"materialize": "yes"}, "extract.materialize: expected true or false, found 'yes'"),
     ("validate", {"decode_sample": "some"}, "validate.decode_sample: expected a row count (int >= 0), a fraction"),
     ("validate", {"train_count": [5, 1]}, "validate.train_count: expected [min, max] with min <= max, found [5, 1]"),

@@ -288,7 +288,7 @@ def tree_stat(folder: Path) -> dict[str, Any]:
     (a sorted walk; no file is read), so any added, removed or replaced file changes it."""
     if not folder.is_dir():
         raise PipelineError(
-            f"params.yaml extract.folder: expected a directory holding train/<wnid>/* and val/<wnid>/*, found "
+            f"params.yaml extract.folder: expected a directory holding train/<class>/* and val/<class>/*, found "
             f"{'a file' if folder.exists() else 'nothing'} at {folder}; fix extract.folder"
         )
     digest, files, size = hashlib.sha256(), 0, 0
@@ -301,6 +301,6 @@ def tree_stat(folder: Path) -> dict[str, Any]:
                 key = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}"
             except OSError:  # a broken link: recorded as such
                 st, key = None, "missing"
-            digest.update(f"{rel}/{name}\0{key}\n".encode())
+            digest.update(f"{rel}/{name}\0{key}\n".encode("utf-8", "surrogateescape"))  # any name, even not UTF-8
             files, size = files + 1, size + (st.st_size if st else 0)
     return {"path": str(folder), "files": files, "bytes": size, "stat_sha256": digest.hexdigest()}

@@ -97,16 +97,32 @@ class VerifyParams(Section):
     checksums: Text = Field(description="auto | official | sample | a name<TAB>md5 table")
 
 
+class HoldoutParams(Section):
+    """A val split held out of train for a source that ships none: an image is val when a keyed hash of its name
+    (keyed with `seed`) falls below `fraction` — a decision about that image alone, so adding, removing or
+    relabelling other images never moves it between train and val."""
+
+    fraction: float = Field(gt=0, lt=1, description="the share of each class's images held out as val")
+    seed: int = Field(ge=0, le=(1 << 63) - 1)
+
+
 class ExtractParams(Section):
     mode: Literal["archives", "folder"]
-    folder: Text | None = Field(description="root of the train/<wnid>, val/<wnid> tree (folder mode)")
-    classes: Text = Field(description="all | imagenet100 | a file with one wnid per line")
+    folder: Text | None = Field(description="root of the train/<class>, val/<class> tree (folder mode)")
+    classes: Text = Field(description="all | imagenet100 | a file with one class name per line")
     val_labels: Text = Field(description="devkit | a filename,wnid CSV")
+    catalog: Text = Field(description="auto | derived | a wnid<TAB>words table (words of WordNet-named classes)")
+    holdout: HoldoutParams | None = Field(description="a mapping {fraction: 0..1, seed: an integer >= 0}")
     materialize: bool = Field(json_schema_extra=SPEED_ONLY)
 
     @model_validator(mode="after")
     def _folder_mode_needs_folder(self) -> ExtractParams:
-        _needs(self, "mode", "folder", "folder", "the root of the train/<wnid>, val/<wnid> tree")
+        _needs(self, "mode", "folder", "folder", "the root of the train/<class>, val/<class> tree")
+        if self.mode == "archives" and (self.catalog != "auto" or self.holdout is not None):
+            raise ValueError(
+                "catalog: expected auto and holdout: null with mode: archives (ILSVRC2012: the devkit names the "
+                f"classes, the val archive is the val split), found catalog: {self.catalog}, holdout: {self.holdout}"
+            )
         return self
 
 
@@ -222,6 +238,7 @@ SECTIONS: dict[str, type[Section]] = {
     "validate": ValidateParams,
     "curate": CurateParams,
 }
+NESTED: dict[str, type[Section]] = {"extract.holdout": HoldoutParams}  # mappings inside a section
 
 
 def output_keys(section: str) -> list[str]:
@@ -271,8 +288,9 @@ def describe(schema: dict[str, Any]) -> str:
     }.get(str(kind), "a value")
     low, high = schema.get("minimum", schema.get("ge")), schema.get("maximum", schema.get("le"))
     above = schema.get("exclusiveMinimum", schema.get("gt"))
+    below = schema.get("exclusiveMaximum")
     if above is not None:
-        return f"{words} > {above}" + (f" and <= {high}" if high is not None else "")
+        return f"{words} > {above}" + (f" and <= {high}" if high is not None else f" and < {below}" if below else "")
     if low is not None and high is not None:
         return f"{words} in [{low}, {high}]"
     if low is not None:
@@ -280,14 +298,21 @@ def describe(schema: dict[str, Any]) -> str:
     return f"{words} <= {high}" if high is not None else words
 
 
-def _expected(section: str, key: str) -> str:
-    """A key's description when it is free text (what the text may name), else what its type accepts."""
-    model = SECTIONS.get(section)
+def _owner(loc: list[str]) -> tuple[type[BaseModel] | None, str]:
+    """The model holding the key an error is about, and that key (`extract.holdout.fraction`: HoldoutParams)."""
+    nested = NESTED.get(".".join(loc[:2]))
+    if nested is not None and len(loc) > 2:
+        return nested, loc[2]
+    return SECTIONS.get(loc[0]), loc[1]
+
+
+def _expected(model: type[BaseModel] | None, key: str) -> str:
+    """A key's description when it is free text or a mapping (what it may hold), else what its type accepts."""
     if model is None or key not in model.model_fields:
         return "a value"
     schema = model.model_json_schema()["properties"][key]
-    options = [option.get("type") for option in schema.get("anyOf", [schema])]
-    if "description" in schema and {"string", "array"} & set(options) and "enum" not in schema:
+    options = [option.get("type", "object" if "$ref" in option else None) for option in schema.get("anyOf", [schema])]
+    if "description" in schema and {"string", "array", "object"} & set(options) and "enum" not in schema:
         description: str = schema["description"]
         return description + (" or null" if "null" in options else "")
     return describe(schema)
@@ -298,17 +323,17 @@ def _problem(error: Any) -> str:
     where = ".".join(loc)
     kind, found = error["type"], error.get("input")
     if kind == "extra_forbidden":
-        known = list(SECTIONS) if len(loc) == 1 else list(SECTIONS.get(loc[0], Section).model_fields)
+        known = list(SECTIONS) if len(loc) == 1 else list((_owner(loc[:-1] + ["", ""])[0] or Section).model_fields)
         close = difflib.get_close_matches(loc[-1], known, n=1)
         return f"{where}: unknown key" + (f" (did you mean {close[0]}?)" if close else f" (expected one of {known})")
     if kind == "missing":
-        return f"{where}: missing; expected {_expected(loc[0], loc[-1]) if len(loc) > 1 else 'a section'}"
+        return f"{where}: missing; expected {_expected(*_owner(loc)) if len(loc) > 1 else 'a section'}"
     if kind == "value_error":
         text = str(error["msg"]).removeprefix("Value error, ")
         return f"{where}.{text}" if len(loc) == 1 else f"{where}: {text}"
     if len(loc) == 1:
         return f"{where}: expected a mapping of keys, found {found!r}"
-    return f"{where}: expected {_expected(loc[0], loc[1])}, found {found!r}"
+    return f"{where}: expected {_expected(*_owner(loc))}, found {found!r}"
 
 
 def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml") -> Params:

@@ -98,7 +98,7 @@ RULES = (
         (ClassSubset.file.value,),
         "classes_file",
         None,
-        "classes=file needs `classes_file`: a text file with one wnid per line",
+        "classes=file needs `classes_file`: a text file with one class name per line",
     ),
 )
 
@@ -145,11 +145,11 @@ class RunParams(BaseModel):
         title="Class subset",
         description=(
             "all: every class found. imagenet100: the CMC ImageNet100 list shipped with the project. "
-            "file: the wnids listed in `classes_file`."
+            "file: the classes (wnids, or folder names) listed in `classes_file`."
         ),
     )
     classes_file: str | None = Field(
-        None, title="Class list file", description="With classes=file: a text file with one wnid per line."
+        None, title="Class list file", description="With classes=file: a text file with one class name per line."
     )
     policy: PolicyField = Field(
         "passthrough",

@@ -2,7 +2,8 @@
 
 `curation/exclude.csv` (header `split,wnid,name,reason`) drops images; `curation/relabel.csv` (header
 `split,wnid,name,new_wnid,reason`) moves images to another class. `wnid` is the image's class as found in the
-source (the folder, the train tar, the val ground truth), `name` the manifest `name`. `read_curation` checks the
+source (the folder name — any class name in folder mode —, the train tar, the val ground truth), `name` the
+manifest `name`. `read_curation` checks the
 files' form before any scan; `apply_curation` checks every line against the scanned images (an unknown image
 fails naming the file and line) and applies them — before the class subset and the labels, so the manifests,
 and so the shards, hold the curated dataset. `extract_report.json` counts every applied line by reason and class."""
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.common import SPLITS, PipelineError
-from tasks.common.synsets import WNID, shipped_synsets
+from tasks.common.synsets import WNID, Catalog, class_name_problem
 
 HEADERS = {"exclude": ["split", "wnid", "name", "reason"], "relabel": ["split", "wnid", "name", "new_wnid", "reason"]}
 
@@ -43,10 +44,16 @@ class Curation:
     relabel: tuple[Line, ...] = ()
 
 
-def read_curation(exclude: Path | None, relabel: Path | None, shown: dict[str, str | None] | None = None) -> Curation:
-    """Both files parsed and checked for form (header, split, wnids, a reason, each image once); `shown`: the
-    names recorded in the report (params.yaml's, relative: the report must not depend on the checkout's path)."""
-    lines = {kind: _read(kind, path) for kind, path in (("exclude", exclude), ("relabel", relabel))}
+def read_curation(
+    exclude: Path | None,
+    relabel: Path | None,
+    shown: dict[str, str | None] | None = None,
+    catalog: Catalog | None = None,
+) -> Curation:
+    """Both files parsed and checked for form (header, split, class names — wnids of `catalog` when the source is
+    known to be WordNet-named —, a reason, each image once); `shown`: the names recorded in the report (params.yaml's,
+    relative: the report must not depend on the checkout's path)."""
+    lines = {kind: _read(kind, path, catalog) for kind, path in (("exclude", exclude), ("relabel", relabel))}
     seen: dict[tuple[str, str, str], str] = {}
     for line in lines["exclude"] + lines["relabel"]:
         image = (line.split, line.wnid, line.name)
@@ -60,7 +67,7 @@ def read_curation(exclude: Path | None, relabel: Path | None, shown: dict[str, s
     )
 
 
-def _read(kind: str, path: Path | None) -> list[Line]:
+def _read(kind: str, path: Path | None, catalog: Catalog | None) -> list[Line]:
     if path is None:
         return []
     if not path.is_file():
@@ -78,11 +85,10 @@ def _read(kind: str, path: Path | None) -> list[Line]:
         ) from None
     if not rows or rows[0] != HEADERS[kind]:
         _fail(f"{path}:1", f"the header {','.join(HEADERS[kind])}", repr(",".join(rows[0]) if rows else ""))
-    catalog = shipped_synsets()
     return [_line(kind, f"{path}:{n}", row, catalog) for n, row in enumerate(rows[1:], start=2) if any(row)]
 
 
-def _line(kind: str, where: str, row: list[str], catalog: dict[str, Any]) -> Line:
+def _line(kind: str, where: str, row: list[str], catalog: Catalog | None) -> Line:
     fields = HEADERS[kind]
     if len(row) != len(fields):
         _fail(where, f"{len(fields)} fields ({','.join(fields)})", f"{len(row)}: {','.join(row)!r}")
@@ -90,9 +96,11 @@ def _line(kind: str, where: str, row: list[str], catalog: dict[str, Any]) -> Lin
     if values["split"] not in SPLITS:
         _fail(where, f"split one of {', '.join(SPLITS)}", repr(values["split"]))
     for key in ("wnid", "new_wnid"):
-        wnid = values.get(key)
-        if wnid is not None and (not WNID.match(wnid) or wnid not in catalog):
-            _fail(where, f"{key} an ILSVRC2012 wnid like n01440764", repr(wnid))
+        name = values.get(key)
+        problem = None if name is None else class_name_problem(name)
+        if problem:
+            _fail(where, f"{key} a class name", problem)
+    _check_classes(where, values.get("wnid"), values.get("new_wnid"), catalog)
     if not values["name"] or not values["reason"]:
         _fail(where, "a name and a reason", f"{','.join(row)!r}")
     if values.get("new_wnid") == values["wnid"]:
@@ -100,14 +108,30 @@ def _line(kind: str, where: str, row: list[str], catalog: dict[str, Any]) -> Lin
     return Line(where, values["split"], values["wnid"], values["name"], values["reason"], values.get("new_wnid"))
 
 
+def _check_classes(where: str, wnid: str | None, new_wnid: str | None, catalog: Catalog | None) -> None:
+    """With `catalog` (a WordNet-named source) both classes must be wnids of it."""
+    for key, name in (("wnid", wnid), ("new_wnid", new_wnid)):
+        if (
+            catalog
+            and name is not None
+            and (not WNID.match(name) or (catalog.complete and name not in catalog.synsets))
+        ):
+            _fail(where, f"{key} {catalog.a_wnid}", repr(name))
+
+
 def _fail(where: str, expected: str, found: str) -> None:
     raise PipelineError(f"{where}: expected {expected}, found {found}; fix the curation file (docs/CONTRACTS.md)")
 
 
-def apply_curation(split: str, table: pa.Table, curation: Curation) -> tuple[pa.Table, dict[str, Any]]:
-    """`table` (a split's scanned and labelled rows) with the split's lines applied, and their counts."""
+def apply_curation(
+    split: str, table: pa.Table, curation: Curation, catalog: Catalog | None = None
+) -> tuple[pa.Table, dict[str, Any]]:
+    """`table` (a split's scanned and labelled rows) with the split's lines applied, and their counts; `catalog`:
+    the source is WordNet-named (known only now in folder mode), so every class of a line must be its wnid."""
     exclude = [line for line in curation.exclude if line.split == split]
     relabel = [line for line in curation.relabel if line.split == split]
+    for line in exclude + relabel:
+        _check_classes(line.where, line.wnid, line.new_wnid, catalog)
     wnids = table.column("wnid").to_pylist()
     position = {(w, n): i for i, (w, n) in enumerate(zip(wnids, table.column("name").to_pylist(), strict=True))}
     for line in exclude + relabel:

@@ -14,10 +14,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import scipy.io
 
 from tasks.common import PipelineError
-from tasks.common.synsets import WNID, Synset
+from tasks.common.params import resolve_path
+from tasks.common.synsets import WNID, Catalog, Synset, shipped_catalog
 from tasks.common.tarindex import open_tar, safe_members
 
 META = "meta.mat"
@@ -176,3 +178,31 @@ def check_label_coverage(mapping: dict[str, str], names: list[str], where: str, 
             f"{len(unlabelled)} image(s) without a label (e.g. {unlabelled[:5]}) and {len(orphans)} "
             f"label(s) for missing images (e.g. {orphans[:5]}); use the label file of this archive"
         )
+
+
+def label_val(
+    val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None, root: Path
+) -> tuple[pa.Table, Catalog, str]:
+    """Archives mode: give every val row its wnid; return (val, the catalog, the label source)."""
+    names = val.column("name").to_pylist()
+    devkit = read_devkit(devkit_path) if devkit_path and (val_labels == "devkit" or devkit_path.exists()) else None
+    catalog = shipped_catalog()
+    if devkit:
+        shown = f"{devkit_path}:{META}"
+        catalog = Catalog(devkit.leaves, shown, f"the {len(devkit.leaves)} classes of {shown}", catalog.a_wnid)
+    if val_labels == "devkit":
+        if devkit is None:  # finalize_job always passes it; a library caller may not
+            raise PipelineError(
+                "extract.val_labels is devkit: expected devkit_path (ILSVRC2012_devkit_t12.tar.gz), "
+                "found none; pass it, or a filename,wnid CSV as val_labels"
+            )
+        mapping = labels_from_devkit(devkit, names, f"{devkit_path}:{GROUND_TRUTH}")
+    else:
+        mapping = read_label_csv(resolve_path(root, val_labels))
+        check_label_coverage(mapping, names, val_labels, val_where)
+    wnids = pa.array([mapping[name] for name in names], pa.string())
+    return (
+        val.set_column(val.schema.get_field_index("wnid"), "wnid", wnids),
+        catalog,
+        "devkit" if val_labels == "devkit" else "csv",
+    )

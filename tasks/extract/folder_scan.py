@@ -1,5 +1,8 @@
-"""Folder mode: index an already-extracted `train/<wnid>/*`, `val/<wnid>/*` tree (how ImageNet100 is shared).
+"""Folder mode: index an already-extracted `train/<class>/*`, `val/<class>/*` tree (how ImageNet100, Places365,
+iNaturalist or anyone's own labelled folders are shared).
 
+A class folder may have any UTF-8 name that is a safe path component (`tasks.common.synsets.class_name_problem`):
+every directory entry that is a directory (links followed) is a class, as torchvision's ImageFolder sees it.
 Images are files with extension .JPEG/.jpeg/.jpg/.png in any case; anything else is reported and skipped. A
 class folder without images is reported; the class then counts as absent from that split."""
 
@@ -9,8 +12,8 @@ import os
 from pathlib import Path
 
 from tasks.common import PipelineError
-from tasks.common.synsets import WNID
-from tasks.common.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, report
+from tasks.common.synsets import class_name_problem
+from tasks.common.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, printable, report
 
 Row = dict[str, object]
 
@@ -31,12 +34,13 @@ def _sorted_entries(directory: Path) -> list[os.DirEntry[str]]:
 def scan_folder_split(
     folder: str | os.PathLike[str], split: str, root: str | os.PathLike[str]
 ) -> tuple[list[Row], list[dict[str, str]]]:
-    """One row per image of `<folder>/<split>/<wnid>/`, plus report entries (skipped files, empty classes)."""
+    """One row per image of `<folder>/<split>/<class>/`, plus report entries (skipped files, empty classes)."""
     base = Path(folder) / split
     if not base.is_dir():
+        hint = " (or, for a source without a val split, set extract.holdout)" if split != "train" else ""
         raise PipelineError(
-            f"{base}: expected the {split} folder of an ImageFolder tree ({split}/<wnid>/<image>), "
-            "found no such directory; set extract.folder to the tree's root"
+            f"{base}: expected the {split} folder of an ImageFolder tree ({split}/<class>/<image>), "
+            f"found no such directory; set extract.folder to the tree's root{hint}"
         )
     rows: list[Row] = []
     reported: list[dict[str, str]] = []
@@ -44,10 +48,11 @@ def scan_folder_split(
         if not entry.is_dir():
             reported.append(report(split, source_path(entry.path, root), "", "not a class folder"))
             continue
-        if not WNID.match(entry.name):
+        problem = class_name_problem(entry.name)
+        if problem:
             raise PipelineError(
-                f"{entry.path}: expected class folders named by wnid (like n01440764), found "
-                f"{entry.name!r}; rename or remove it"
+                f"{printable(entry.path)}: expected a class folder named by one safe path component (any UTF-8 "
+                f"name without control characters or separators), found {problem}; rename or remove it"
             )
         found, notes = _scan_class(Path(entry.path), entry.name, split, root)
         rows += found
@@ -56,7 +61,7 @@ def scan_folder_split(
 
 
 def _scan_class(
-    directory: Path, wnid: str, split: str, root: str | os.PathLike[str]
+    directory: Path, name: str, split: str, root: str | os.PathLike[str]
 ) -> tuple[list[Row], list[dict[str, str]]]:
     rows: list[Row] = []
     reported: list[dict[str, str]] = []
@@ -68,7 +73,7 @@ def _scan_class(
             continue
         rows.append(
             {
-                "wnid": wnid,
+                "wnid": name,  # the class key: its folder name (docs/CONTRACTS.md)
                 "name": entry.name,
                 "source": source,
                 "member": "",
@@ -83,7 +88,7 @@ def _scan_class(
                 source_path(directory, root),
                 "",
                 "empty class folder (no images)",
-                action=f"class {wnid} counts as absent from {split}",
+                action=f"class {name} counts as absent from {split}",
             )
         )
     reported += collisions(split, source_path(directory, root), [str(r["name"]) for r in rows])

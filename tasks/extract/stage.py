@@ -16,24 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.archive_pass import entries_table, load_prescan
 from tasks.common.layout import EXTRACT_REPORT, PRESCAN
-from tasks.common.manifests import MANIFEST_SCHEMA, manifest_path
-from tasks.common.params import Project, resolve_path
-from tasks.common.synsets import Synset, shipped_synsets
+from tasks.common.manifests import MANIFEST_SCHEMA
+from tasks.common.params import HoldoutParams, Project
+from tasks.common.synsets import Catalog, shipped_catalog
 from tasks.common.tarindex import index_archive
 from tasks.extract import classes as labels
 from tasks.extract import curate
-from tasks.extract import devkit as dk
+from tasks.extract.devkit import label_val
 from tasks.extract.folder_scan import scan_folder_split, source_path
+from tasks.extract.holdout import HOLDOUT_WHERE, split_holdout
+from tasks.extract.write import write_manifests
 
 log = logging.getLogger(__name__)
 STAGING_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name not in ("split", "label")])
-SORT_KEYS = [(key, "ascending") for key in ("wnid", "name", "source", "member", "offset")]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class ExtractJob:
     curation: curate.Curation = field(default_factory=curate.Curation)  # curate: (read before any scan)
     prescan: Path | None = None  # the tar indexes made while the archives were hashed (tasks.common.archive_pass)
     md5s: dict[str, str] = field(default_factory=dict)  # split -> its archive's MD5 as verify accepted it
+    catalog: str = "auto"  # as given: auto | derived | a wnid<TAB>words table
+    holdout: HoldoutParams | None = None  # val held out of train (a source without a val split)
 
     @property
     def archives(self) -> bool:
@@ -60,13 +62,16 @@ class ExtractJob:
 
 
 def job_from_params(project: Project) -> ExtractJob:
-    """The job; an unreadable class list fails now, before hours of scanning."""
+    """The job; an unreadable class list, catalog or curation file fails now, before hours of scanning."""
     params, raw, work = project.params.extract, project.path("raw"), project.path("work")
     cur = project.params.curate
     archives = params.mode == "archives"
     if params.materialize and not archives:
         log.warning("extract.materialize ignored in folder mode: the input already is an ImageFolder tree")
-    job = ExtractJob(
+    # checked before any scan: ILSVRC2012's classes (archives), a supplied table, or none yet (a folder tree)
+    known = shipped_catalog() if archives else labels.catalog_of(params.catalog, project.root)
+    labels.read_class_list(params.classes, project.root, known)
+    return ExtractJob(
         params.mode,
         _inputs(project),
         raw / ARCHIVES["devkit"],
@@ -81,12 +86,13 @@ def job_from_params(project: Project) -> ExtractJob:
             project.resolve(cur.exclude) if cur.exclude else None,
             project.resolve(cur.relabel) if cur.relabel else None,
             {"exclude": cur.exclude, "relabel": cur.relabel},
+            known,
         ),
         work / PRESCAN,
         _verified_md5s(raw) if archives else {},
+        params.catalog,
+        params.holdout,
     )
-    labels.read_class_list(job.classes, job.root)
-    return job
 
 
 def _verified_md5s(raw: Path) -> dict[str, str]:
@@ -108,7 +114,10 @@ def _inputs(project: Project) -> dict[str, Path]:
 
 
 def scan_split(job: ExtractJob, split: str) -> Path:
-    """Index one split's input into the staging directory; return the staging index path."""
+    """Index one split's input into the staging directory; return the staging index path (with a holdout, val's
+    is empty: finalize holds val out of train)."""
+    if job.holdout is not None and split != "train":
+        return _empty_holdout_split(job, split)
     if job.archives:
         archive = job.inputs[split]
         found = load_prescan(job.prescan, split, archive, job.md5s.get(split)) if job.prescan else None
@@ -129,6 +138,8 @@ def finalize_job(job: ExtractJob) -> dict[str, Any]:
         imagefolder=source_path(job.tree, job.root) if job.tree else None,
         root=job.root,
         curation=job.curation,
+        catalog=job.catalog,
+        holdout=job.holdout,
     )
 
 
@@ -170,52 +181,19 @@ def scan_folder_split_to(
     return _write_staging(Path(staging_dir), split, table, str(Path(folder) / split), reported)
 
 
+def _empty_holdout_split(job: ExtractJob, split: str) -> Path:
+    shipped = job.inputs[split] / split
+    if shipped.exists():
+        raise PipelineError(
+            f"{shipped}: expected no {split} folder with extract.holdout set (the holdout makes {split} out of "
+            f"train), found one; set extract.holdout: null to use it, or move it away"
+        )
+    return _write_staging(job.staging, split, STAGING_SCHEMA.empty_table(), HOLDOUT_WHERE, [])
+
+
 def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, Any]]:
     scan = json.loads((staging_dir / f"{split}.scan.json").read_text(encoding="utf-8"))
     return pq.read_table(staging_dir / f"{split}.parquet", schema=STAGING_SCHEMA), scan
-
-
-def _label_val(
-    val: pa.Table, val_where: str, val_labels: str, devkit_path: Path | None, root: Path
-) -> tuple[pa.Table, dict[str, Synset], str, str]:
-    """Archives mode: give every val row its wnid; return (val, catalog, catalog name, label source)."""
-    names = val.column("name").to_pylist()
-    devkit = dk.read_devkit(devkit_path) if devkit_path and (val_labels == "devkit" or devkit_path.exists()) else None
-    catalog = devkit.leaves if devkit else shipped_synsets()
-    catalog_name = f"{devkit_path}:{dk.META}" if devkit else "tasks/common/data/synsets.tsv"
-    if val_labels == "devkit":
-        if devkit is None:  # finalize_job always passes it; a library caller may not
-            raise PipelineError(
-                "extract.val_labels is devkit: expected devkit_path (ILSVRC2012_devkit_t12.tar.gz), "
-                "found none; pass it, or a filename,wnid CSV as val_labels"
-            )
-        mapping = dk.labels_from_devkit(devkit, names, f"{devkit_path}:{dk.GROUND_TRUTH}")
-    else:
-        mapping = dk.read_label_csv(resolve_path(root, val_labels))
-        dk.check_label_coverage(mapping, names, val_labels, val_where)
-    wnids = pa.array([mapping[name] for name in names], pa.string())
-    return (
-        val.set_column(val.schema.get_field_index("wnid"), "wnid", wnids),
-        catalog,
-        catalog_name,
-        "devkit" if val_labels == "devkit" else "csv",
-    )
-
-
-def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table:
-    kept = table.filter(pc.is_in(table.column("wnid"), pa.array(sorted(label_of), pa.string())))
-    kept = kept.sort_by(SORT_KEYS)
-    added = {
-        "split": pa.array([split] * kept.num_rows, pa.string()),
-        "label": pa.array([label_of[w] for w in kept.column("wnid").to_pylist()], pa.int64()),
-    }
-    arrays = [added[f.name] if f.name in added else kept.column(f.name) for f in MANIFEST_SCHEMA]
-    return pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA).combine_chunks()
-
-
-def _write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
-    with atomic_path(manifest_path(manifests_dir, split)) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
 
 
 def finalize(
@@ -229,31 +207,34 @@ def finalize(
     imagefolder: str | None = None,
     root: str | os.PathLike[str] = ".",
     curation: curate.Curation | None = None,
+    catalog: str = "auto",
+    holdout: HoldoutParams | None = None,
 ) -> dict[str, Any]:
-    """Label val, select classes, check train/val agree; write manifests, extract_report.json, label map.
+    """Label val (or hold it out of train), select classes, check train/val agree; write manifests,
+    extract_report.json, label map.
 
-    `classes` and `val_labels` name files relative to `root` (the project) when they are paths."""
+    `classes`, `val_labels` and `catalog` name files relative to `root` (the project) when they are paths."""
     staging = {split: _read_staging(Path(staging_dir), split) for split in SPLITS}
     tables = {split: table for split, (table, _) in staging.items()}
     where = {split: scan["where"] for split, (_, scan) in staging.items()}
     reported = [item for split in SPLITS for item in staging[split][1]["reported"]]
     _log_reported(reported)
-    if mode == "folder":
-        catalog, catalog_name, label_source = shipped_synsets(), "tasks/common/data/synsets.tsv", "folder"
-    else:
-        tables["val"], catalog, catalog_name, label_source = _label_val(
-            tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root)
-        )
+    held = None
+    if holdout is not None:
+        tables["train"], tables["val"], held = split_holdout(tables["train"], holdout)
+    tables, known, label_source = _label(tables, where, mode, val_labels, devkit_path, Path(root), catalog)
     curation = curation or curate.Curation()
-    applied = {split: curate.apply_curation(split, tables[split], curation) for split in SPLITS}
+    applied = {split: curate.apply_curation(split, tables[split], curation, known) for split in SPLITS}
     tables = {split: table for split, (table, _) in applied.items()}
-    keep = _select(tables, where, catalog, catalog_name, labels.read_class_list(classes, Path(root)))
-    label_map = labels.label_map(keep, catalog, label_source)
-    label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
-    counts = _write_manifests(Path(manifests_dir), tables, label_of)
+    keep = _select(tables, where, known, labels.read_class_list(classes, Path(root)), held is not None)
+    label_map = labels.label_map(keep, known, label_source)
+    counts = write_manifests(
+        Path(manifests_dir), tables, {c["wnid"] or c["name"]: c["label"] for c in label_map["classes"]}
+    )
     report = {
         "mode": mode,
         "label_source": label_source,
+        "catalog": known.name if known else None,
         "classes": str(classes),
         "num_classes": len(keep),
         "images": {s: n for s, (n, _) in counts.items()},
@@ -261,36 +242,42 @@ def finalize(
         "reported": reported,
         "imagefolder": imagefolder,
         "curation": curate.curation_report(curation, {split: counts for split, (_, counts) in applied.items()}),
+        **({"holdout": held} if held else {}),
     }
     write_json(Path(manifests_dir) / EXTRACT_REPORT, report)
     write_json(label_map_path, label_map)
     return report
 
 
-def _select(
+def _label(
     tables: dict[str, pa.Table],
     where: dict[str, str],
-    catalog: dict[str, Synset],
-    catalog_name: str,
-    subset: list[str] | None,
+    mode: str,
+    val_labels: str,
+    devkit_path: str | os.PathLike[str] | None,
+    root: Path,
+    catalog: str,
+) -> tuple[dict[str, pa.Table], Catalog | None, str]:
+    """(tables, the catalog — None for a tree not named by wnids —, label source): archives mode labels val."""
+    if mode == "folder":
+        found = {name for table in tables.values() for name in table.column("wnid").to_pylist()}
+        return tables, labels.folder_catalog(found, catalog, root), "folder"
+    val, known, label_source = label_val(
+        tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, root
+    )
+    return {**tables, "val": val}, known, label_source
+
+
+def _select(
+    tables: dict[str, pa.Table], where: dict[str, str], catalog: Catalog | None, subset: list[str] | None, held: bool
 ) -> list[str]:
-    """The classes to keep: every wnid found must be in the catalog; train and val agree (or hold the subset)."""
+    """The classes to keep: every wnid found must be in the catalog (a WordNet-named source); train and val agree
+    (or hold the subset; `held`: val held out of train may lack a class)."""
     found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
     for split in SPLITS:
-        labels.check_known(found[split], catalog, where[split], catalog_name)
-    return labels.select_classes(found["train"], found["val"], subset, where["train"], where["val"])
-
-
-def _write_manifests(
-    manifests_dir: Path, tables: dict[str, pa.Table], label_of: dict[str, int]
-) -> dict[str, tuple[int, int]]:
-    """Each split's manifest (the selected classes, labelled); returns (rows kept, rows outside the subset)."""
-    counts = {}
-    for split in SPLITS:
-        manifest = _manifest(split, tables[split], label_of)
-        _write_manifest(manifests_dir, split, manifest)
-        counts[split] = (manifest.num_rows, tables[split].num_rows - manifest.num_rows)
-    return counts
+        if catalog is not None:
+            labels.check_known(found[split], catalog, where[split])
+    return labels.select_classes(found["train"], found["val"], subset, where["train"], where["val"], held)
 
 
 def _log_reported(reported: list[dict[str, str]], limit: int = 20) -> None:

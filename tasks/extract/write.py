@@ -1,0 +1,43 @@
+"""The extract stage's manifests (docs/CONTRACTS.md): the selected classes' rows, labelled, sorted by class then
+name, one zstd Parquet file per split written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tasks.common import SPLITS, atomic_path
+from tasks.common.manifests import MANIFEST_SCHEMA, manifest_path
+
+SORT_KEYS = [(key, "ascending") for key in ("wnid", "name", "source", "member", "offset")]
+
+
+def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table:
+    kept = table.filter(pc.is_in(table.column("wnid"), pa.array(sorted(label_of), pa.string())))
+    kept = kept.sort_by(SORT_KEYS)
+    added = {
+        "split": pa.array([split] * kept.num_rows, pa.string()),
+        "label": pa.array([label_of[w] for w in kept.column("wnid").to_pylist()], pa.int64()),
+    }
+    arrays = [added[f.name] if f.name in added else kept.column(f.name) for f in MANIFEST_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA).combine_chunks()
+
+
+def write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:
+    with atomic_path(manifest_path(manifests_dir, split)) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def write_manifests(
+    manifests_dir: Path, tables: dict[str, pa.Table], label_of: dict[str, int]
+) -> dict[str, tuple[int, int]]:
+    """Each split's manifest (the selected classes, labelled); returns (rows kept, rows outside the subset)."""
+    counts = {}
+    for split in SPLITS:
+        manifest = _manifest(split, tables[split], label_of)
+        write_manifest(manifests_dir, split, manifest)
+        counts[split] = (manifest.num_rows, tables[split].num_rows - manifest.num_rows)
+    return counts

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
-from .format import read_label_map
+from .format import class_ids, read_label_map
 from .partition import Position, epoch_order, rank_count, rank_positions, worker_chunks
 from .readahead import read_ahead
 from .resume import Resumable
@@ -148,8 +148,9 @@ class _ShardedImages:
 
     @property
     def classes(self) -> list[str]:
-        """WordNet ids by label (what torchvision's ImageFolder calls `classes`)."""
-        return [c.get("wnid", c["name"]) for c in sorted(self.label_map["classes"], key=lambda c: c["label"])]
+        """The class folder names by label, as torchvision's ImageFolder gives `classes`: the WordNet ids of an
+        ImageNet-style dataset, the folder names of any other (docs/CONTRACTS.md)."""
+        return class_ids(self.label_map)
 
     @property
     def class_to_idx(self) -> dict[str, int]:

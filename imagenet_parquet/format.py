@@ -77,6 +77,12 @@ def class_names(label_map: dict[str, Any]) -> list[str]:
     return names
 
 
+def class_ids(label_map: dict[str, Any]) -> list[str]:
+    """The classes as the source names them, in label order — what torchvision's ImageFolder calls `classes`:
+    the wnid of a WordNet-named dataset, the folder name (`name`) of any other (its `wnid` is null)."""
+    return [c.get("wnid") or c["name"] for c in sorted(label_map.get("classes") or [], key=lambda c: c["label"])]
+
+
 def read_label_map(path: str | os.PathLike[str]) -> dict[str, Any]:
     """`data/label_map.json` (written by the extract stage), checked to hold labels 0..K-1 with unique names."""
     path = Path(path)

@@ -111,14 +111,16 @@ def row_key(wnid: str, name: str) -> str:
 
 
 def shard_stem(wnid: str, name: str) -> str:
-    """`<wnid>-<first image name>` of a shard's first row: unique in the split, unchanged while that row leads the
-    shard, and sorting like the manifest for names of [0-9A-Za-z_.] (others: `~` + a hash of the name)."""
-    token = (
-        name
-        if _SAFE_NAME.fullmatch(name) and ".parquet" not in name
-        else "~" + hashlib.sha256(name.encode()).hexdigest()[:20]
-    )
-    return f"{wnid}-{token}"
+    """`<class>-<first image name>` of a shard's first row: unique in the split, unchanged while that row leads the
+    shard, and sorting like the manifest for names of [0-9A-Za-z_.] (others — an image or a class folder named
+    otherwise — `~` + a hash of the name)."""
+    return f"{_file_token(wnid)}-{_file_token(name)}"
+
+
+def _file_token(name: str) -> str:
+    if _SAFE_NAME.fullmatch(name) and ".parquet" not in name:
+        return name
+    return "~" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:20]
 
 
 def order_hash(name: str) -> bytes:

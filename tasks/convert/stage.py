@@ -20,7 +20,7 @@ import PIL
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from imagenet_parquet.format import FORMAT_VERSION, class_names, read_label_map, shard_schema
+from imagenet_parquet.format import FORMAT_VERSION, class_ids, class_names, read_label_map, shard_schema
 from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json, write_text
 from tasks.common.dvc_state import stat_key, state_put
 from tasks.common.layout import BAD_IMAGES
@@ -39,7 +39,7 @@ MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # wha
 def prepare(job: Job) -> list[ShardPlan]:
     """Validate the inputs, plan every split's shards, and drop files of older plans from the output dirs."""
     label_map = read_label_map(job.label_map)
-    wnid_label = {c["wnid"]: c["label"] for c in label_map["classes"]}
+    wnid_label = {name: label for label, name in enumerate(class_ids(label_map))}  # the manifests' class key
     base = _base_key(job)
     plans: list[ShardPlan] = []
     for split in job.splits():
@@ -78,7 +78,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     tally = _Tally(split=plan.split)
     try:
         count, md5 = write_shard(
-            shard, schema, job.row_group_rows, _encoded_rows(job, rows, class_names(label_map), tally)
+            shard, schema, job.row_group_rows, _encoded_rows(job, rows, _label_columns(label_map), tally)
         )
     except OSError as err:  # ENOSPC, EROFS, EACCES... (write_shard leaves no partial file under the final name)
         raise PipelineError(
@@ -145,7 +145,14 @@ class _Tally:
     bad: list[dict[str, str]] = field(default_factory=list)
 
 
-def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally: _Tally) -> Iterator[dict[str, Any]]:
+def _label_columns(label_map: dict[str, Any]) -> list[tuple[str | None, str]]:
+    """(wnid — null for a dataset not named by wnids —, label_name) by label, as the shard rows carry them."""
+    return [(c["wnid"], name) for c, name in zip(label_map["classes"], class_names(label_map), strict=True)]
+
+
+def _encoded_rows(
+    job: Job, rows: list[dict[str, Any]], names: list[tuple[str | None, str]], tally: _Tally
+) -> Iterator[dict[str, Any]]:
     """Read the images through the manifest (pread, a row group's worth at a time in archive-offset order), apply
     the policy, yield rows in the shard's order and the schema's layout."""
     with _Sources(job.root) as sources:
@@ -169,12 +176,12 @@ def _encoded_rows(job: Job, rows: list[dict[str, Any]], names: list[str], tally:
                 yield _shard_row(row, enc, phash, names)
 
 
-def _shard_row(row: dict[str, Any], enc: Encoded, phash: int, names: list[str]) -> dict[str, Any]:
+def _shard_row(row: dict[str, Any], enc: Encoded, phash: int, names: list[tuple[str | None, str]]) -> dict[str, Any]:
     return {
         "image": {"bytes": enc.data, "path": row["name"]},
         "label": row["label"],
-        "wnid": row["wnid"],
-        "label_name": names[row["label"]],
+        "wnid": names[row["label"]][0],
+        "label_name": names[row["label"]][1],
         "width": enc.width,
         "height": enc.height,
         "source_format": enc.source_format,

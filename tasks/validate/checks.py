@@ -179,7 +179,7 @@ def metadata_schema(label_map: dict[str, Any]) -> pa.DataFrameSchema:
         {
             "image_path": pa.Column(str),
             "label": pa.Column("int64", pa.Check.in_range(0, len(classes) - 1, error="label_in_range")),
-            "wnid": pa.Column(str),
+            "wnid": pa.Column(str, nullable=True),  # null: a dataset not named by wnids
             "label_name": pa.Column(str),
             "width": pa.Column("int32", positive),
             "height": pa.Column("int32", positive),
@@ -189,12 +189,17 @@ def metadata_schema(label_map: dict[str, Any]) -> pa.DataFrameSchema:
             "sha256": pa.Column(str, pa.Check.str_matches(r"^[0-9a-f]{64}$", error="sha256_hex")),
         },
         checks=[
-            pa.Check(lambda df: df["wnid"] == df["label"].map(wnids), error="wnid_matches_label"),
+            pa.Check(lambda df: _same(df["wnid"], df["label"].map(wnids)), error="wnid_matches_label"),
             pa.Check(lambda df: df["label_name"] == df["label"].map(names), error="name_matches_label"),
             pa.Check(lambda df: ~df.duplicated(["split", "image_path"], keep=False), error="unique_image_paths"),
         ],
         strict=False,
     )
+
+
+def _same(found: pd.Series, expected: pd.Series) -> pd.Series:
+    """Equal, or both null (a dataset not named by wnids)."""
+    return (found == expected) | (found.isna() & expected.isna())
 
 
 def pandera_checks(meta: pd.DataFrame, label_map: dict[str, Any], limit: int) -> list[CheckResult]:

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from imagenet_parquet.format import FormatError, decode_image_index, read_indexed, read_label_map
+from imagenet_parquet.format import FormatError, class_ids, decode_image_index, read_indexed, read_label_map
 from tasks.common import SPLITS, atomic_path
 from tasks.validate.scan import iter_row_groups, list_shards
 
@@ -110,10 +110,11 @@ def draw_sheet(
     for split, x in x0.items():
         draw.text((x, 4), split, fill="black", font=font)
     classes = {c["label"]: c for c in label_map["classes"]}
+    found = class_ids(label_map)  # the wnid, or the folder name of a dataset not named by wnids
     for line, label in enumerate(labels):
         y = HEADER + line * CELL
         cls = classes[label]
-        draw.text((MARGIN, y + 6), f"{label}  {cls['wnid']}", fill="black", font=font)
+        draw.text((MARGIN, y + 6), f"{label}  {found[label][:28]}", fill="black", font=font)
         draw.text((MARGIN, y + 26), cls["name"][:34], fill="dimgray", font=font)
         for split, x in x0.items():
             rows = picks.get((split, label), [])

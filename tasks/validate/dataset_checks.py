@@ -7,13 +7,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from imagenet_parquet.format import class_ids
 from tasks.common import SPLITS
 from tasks.validate.checks import CheckResult, example_rows, passed
 
 
 def class_table(meta: pd.DataFrame, label_map: dict[str, Any]) -> pd.DataFrame:
-    """One row per label-map class: label, wnid, name and its image count per split (0 when absent)."""
-    table = pd.DataFrame([{k: c[k] for k in ("label", "wnid", "name")} for c in label_map["classes"]])
+    """One row per label-map class: label, wnid (the class as found: the folder name of a dataset not named by
+    wnids), name and its image count per split (0 when absent)."""
+    classes = [{"label": c["label"], "name": c["name"]} for c in label_map["classes"]]
+    table = pd.DataFrame([{**c, "wnid": key} for c, key in zip(classes, class_ids(label_map), strict=True)])
     counts = meta.groupby(["split", "label"]).size()
     for split in SPLITS:
         per_label = counts[split] if split in counts.index.get_level_values(0) else pd.Series(dtype=int)

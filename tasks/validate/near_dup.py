@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
@@ -135,9 +136,10 @@ def _pieces(hits: np.ndarray) -> list[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------- the shards' fingerprints
-def read_fingerprints(parquet_dir: str | Path) -> dict[str, pd.DataFrame] | None:
+def read_fingerprints(parquet_dir: str | Path, classes: list[str] | None = None) -> dict[str, pd.DataFrame] | None:
     """Per split: name (image.path), wnid, label, phash, shard (file name) and row, in shard order; None when a
-    shard has no `phash` column (written before format 3)."""
+    shard has no `phash` column (written before format 3). `classes` (the label map's class ids by label): `wnid`
+    is the class as found — the folder name of a dataset not named by wnids — instead of the shards' column."""
     frames: dict[str, pd.DataFrame] = {}
     for split, paths in list_shards(parquet_dir).items():
         parts = []
@@ -149,7 +151,7 @@ def read_fingerprints(parquet_dir: str | Path) -> dict[str, pd.DataFrame] | None
             part = pd.DataFrame(
                 {
                     "name": table.column("image").combine_chunks().field("path").to_numpy(zero_copy_only=False),
-                    "wnid": table.column("wnid").to_numpy(zero_copy_only=False),
+                    "wnid": _classes(table, classes),
                     "label": table.column("label").to_numpy(),
                     "phash": table.column(FINGERPRINT_COLUMN).fill_null(0).to_numpy(),
                     "valid": table.column(FINGERPRINT_COLUMN).is_valid().to_numpy(zero_copy_only=False),
@@ -158,6 +160,16 @@ def read_fingerprints(parquet_dir: str | Path) -> dict[str, pd.DataFrame] | None
             parts.append(part.assign(shard=path.name, row=np.arange(len(part), dtype=np.int64)))
         frames[split] = pd.concat(parts, ignore_index=True)
     return frames
+
+
+def _classes(table: pa.Table, classes: list[str] | None) -> np.ndarray:
+    found: np.ndarray = table.column("wnid").to_numpy(zero_copy_only=False)
+    if classes is None:
+        return found
+    labels = table.column("label").to_numpy()
+    known = (labels >= 0) & (labels < len(classes))  # a label out of range (failed elsewhere) keeps the shard's
+    found[known] = np.array(classes, dtype=object)[labels[known]]
+    return found
 
 
 def train_val_pairs(prints: dict[str, pd.DataFrame], distance: int) -> pd.DataFrame:
@@ -194,11 +206,14 @@ def train_groups(prints: dict[str, pd.DataFrame], distance: int) -> dict[str, in
 
 
 # ---------------------------------------------------------------- the check
-def near_duplicate_check(parquet_dir: str | Path, params: ValidateParams) -> tuple[CheckResult, dict[str, Any]]:
-    """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups)."""
+def near_duplicate_check(
+    parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None
+) -> tuple[CheckResult, dict[str, Any]]:
+    """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups);
+    `classes`: see read_fingerprints."""
     distance, max_pairs = params.near_duplicates_distance, params.near_duplicates_max_pairs
     train_distance, limit = params.near_duplicates_train_distance, params.report_examples
-    prints = read_fingerprints(parquet_dir)
+    prints = read_fingerprints(parquet_dir, classes)
     if prints is None:
         message = (
             f"not checked: the shards carry no `{FINGERPRINT_COLUMN}` column (written before format 3); "

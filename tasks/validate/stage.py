@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 
-from imagenet_parquet.format import COLUMNS, read_label_map
+from imagenet_parquet.format import COLUMNS, class_ids, read_label_map
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
@@ -80,6 +80,9 @@ def run_validation(
     limit = params.report_examples
     results = shard_schema_check([(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan], label_map, limit)
     results += pandera_checks(meta, label_map, limit)
+    # From here on `wnid` is the class as found (its label's class id: the folder name of a dataset not named by
+    # wnids, whose shards carry a null wnid), the key the manifests, the counts and the versions index use.
+    meta["wnid"] = meta["label"].map(dict(enumerate(class_ids(label_map))))
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
     classes = class_table(meta, label_map)
     counts = count_summary(classes, {"train": params.train_count, "val": params.val_count})
@@ -96,7 +99,7 @@ def run_validation(
         ),
         leakage_check(meta, params.leakage_max_pairs, limit),
     ]
-    near, near_section = near_duplicate_check(parquet_dir, params)
+    near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map))
     results.append(near)
     splits = {
         s: {

@@ -20,6 +20,7 @@ from imagenet_parquet import ParquetImageDataset
 from tasks.common import PipelineError
 from tasks.extract import curate
 from tasks.extract import stage as extract
+from tasks.extract.holdout import holdout_value
 from tasks.validate.dataset_checks import class_table, count_summary
 from tests.helpers.datasets import small_jpeg
 from tests.helpers.params import project, write_params
@@ -198,3 +199,21 @@ def test_holdout_needs_no_val_folder_and_no_val_folder_needs_holdout(tmp_path):
         project(tmp_path, extract={"mode": "folder", "folder": "tree", "holdout": {"fraction": 0, "seed": 0}})
     with pytest.raises(PipelineError, match=r"extract.catalog: expected auto and holdout: null with mode: archives"):
         project(tmp_path, extract={"holdout": {"fraction": 0.5, "seed": 0}})
+
+
+def test_the_readme_holdout_example_through_dvc_repro(tmp_path, prefect_api):
+    """README "Any image-classification folder": a tree without val/, val held out of train by `extract.holdout`."""
+    tree = tmp_path / "tree"
+    files = _write_tree(tree, NAMES[:4], {"train": 12})
+    repo = copy_project(tmp_path / "project")
+    write_params(repo, extract={"mode": "folder", "folder": str(tree), "holdout": {"fraction": 0.4, "seed": 0}},
+                 validate={"train_count": [1, 5000], "val_count": [1, 5000]})
+    _run(["dvc", "repro"], repo)
+    reference = imagefolder_labels(tree / "train")
+    folder_of = {file: name for name, file in reference}
+    rows = {split: pq.read_table(repo / f"data/parquet/{split}").to_pylist() for split in ("train", "val")}
+    held = {r["image"]["path"] for r in rows["val"]}
+    assert held == {f for f in files if holdout_value(f, 0) < int(0.4 * (1 << 64))} and len(held) < len(files)
+    assert {(folder_of[r["image"]["path"]], r["image"]["path"]): r["label"] for s in rows.values() for r in s} == reference
+    report = json.loads((repo / "data/reports/schema_report.json").read_text())
+    assert all(check["status"] != "fail" for check in report["checks"]), report["checks"]

@@ -87,7 +87,8 @@ def test_any_folder_names_get_imagefolder_labels_through_dvc_repro(tmp_path, pre
 
 def test_subsets_curation_and_relabels_by_folder_name(tmp_path):
     tree = tmp_path / "tree"
-    make_tree(tree, {split: {name: [f"{split}{k}.jpg" for k in range(3)] for name in NAMES} for split in ("train", "val")})
+    make_tree(tree, {split: {name: [f"{split}{k}.jpg" for k in range(3)] for name in NAMES}
+                     for split in ("train", "val")})
     (tmp_path / "classes.txt").write_text("# a subset by folder name\nhas space\ncafé  # inline comment\n9\n10\n")
     (tmp_path / "exclude.csv").write_text("split,wnid,name,reason\ntrain,café,train0.jpg,blurry\n")
     (tmp_path / "relabel.csv").write_text("split,wnid,name,new_wnid,reason\nval,9,val1.jpg,10,wrong folder\n")
@@ -131,7 +132,8 @@ def test_wnid_folders_beyond_the_1000_with_a_derived_or_supplied_catalog(tmp_pat
         run_folder(tree, tmp_path / "shipped")  # as before: the shipped 1000 by default
     run_folder(tree, tmp_path / "derived", catalog="derived")
     derived = json.loads((tmp_path / "derived/label_map.json").read_text())["classes"]
-    assert [(c["wnid"], c["name"], c["words"]) for c in derived] == [("n01440764", "n01440764", ""), ("n09999999", "n09999999", "")]
+    assert [(c["wnid"], c["name"], c["words"]) for c in derived] == [
+        ("n01440764", "n01440764", ""), ("n09999999", "n09999999", "")]
     (tmp_path / "words.tsv").write_text("wnid\twords\nn01440764\ttench, Tinca tinca\nn09999999\tsomething, thing\n")
     run_folder(tree, tmp_path / "table", catalog=str(tmp_path / "words.tsv"))
     table = json.loads((tmp_path / "table/label_map.json").read_text())["classes"]
@@ -214,6 +216,7 @@ def test_the_readme_holdout_example_through_dvc_repro(tmp_path, prefect_api):
     rows = {split: pq.read_table(repo / f"data/parquet/{split}").to_pylist() for split in ("train", "val")}
     held = {r["image"]["path"] for r in rows["val"]}
     assert held == {f for f in files if holdout_value(f, 0) < int(0.4 * (1 << 64))} and len(held) < len(files)
-    assert {(folder_of[r["image"]["path"]], r["image"]["path"]): r["label"] for s in rows.values() for r in s} == reference
+    labelled = {(folder_of[r["image"]["path"]], r["image"]["path"]): r["label"] for s in rows.values() for r in s}
+    assert labelled == reference
     report = json.loads((repo / "data/reports/schema_report.json").read_text())
     assert all(check["status"] != "fail" for check in report["checks"]), report["checks"]

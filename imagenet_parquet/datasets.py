@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .format import read_label_map
-from .partition import Position, epoch_order, rank_count, rank_positions, worker_chunks
+from .partition import Position, epoch_order, rank_positions, worker_chunks
 from .readahead import read_ahead
 from .resume import Resumable
 from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
@@ -55,21 +55,6 @@ def _worker() -> tuple[int, int]:
         return 0, 1
     info = get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit rank/world_size, else torch.distributed's when initialised, else (0, 1)."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    if rank is not None or world_size is not None:
-        raise ValueError(f"rank and world_size: expected both or neither, found rank={rank}, world_size={world_size}")
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class _ShardedImages:
@@ -289,21 +274,8 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         if shuffle_buffer is not None:
             window = max(1, round(shuffle_buffer * len(self.index.rows) / max(1, len(self.index))))
         self.read_ahead, self.batch_size = read_ahead, batch_size
-        self.shuffle, self.window, self.seed, self.epoch = shuffle, window, seed, 0
+        self._init_order(shuffle, window, seed, rank, world_size, uneven)
         self._reader.cache_size = max(1, window)  # shards without the byte index: a window's row groups
-        self.rank, self.world_size = _distributed(rank, world_size)
-        self.uneven = uneven
-        self._resume: Position | None = None
-        self._pass: tuple[Position, int, int] | None = None
-        epoch_order(self.index.starts[:1], seed, 0, shuffle, window)  # validate early
-        rank_count(len(self.index), 0, self.rank, self.world_size, uneven)
-
-    def __len__(self) -> int:
-        """Rows this rank yields per epoch (over all its DataLoader workers)."""
-        return rank_count(len(self.index), 0, self.rank, self.world_size, self.uneven)
-
-    def _total(self) -> int:
-        return len(self.index)
 
     def _topology(self) -> tuple[int, int, int]:
         return self.world_size, _worker()[1], self.batch_size or 1

@@ -43,8 +43,7 @@ def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
 def epoch_order(starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, window: int = 4) -> np.ndarray:
     """Every row index once (row group u holds rows starts[u]..starts[u+1]-1): row groups in `unit_order`, rows
     shuffled inside each window of `window` consecutive row groups of that order. A function of (seed, epoch)."""
-    if window < 1:
-        raise ValueError(f"window: expected >= 1 row groups, found {window}")
+    check_window(window)
     starts = np.asarray(starts, dtype=np.int64)
     if not shuffle:
         return np.arange(int(starts[-1]), dtype=np.int64)
@@ -56,6 +55,11 @@ def epoch_order(starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True,
     for a, b in itertools.pairwise(bounds):
         rng.shuffle(rows[a:b])
     return rows
+
+
+def check_window(window: int) -> None:
+    if window < 1:
+        raise ValueError(f"window: expected >= 1 row groups, found {window}")
 
 
 def check_topology(rank: int, world_size: int, uneven: str) -> None:

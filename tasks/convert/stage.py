@@ -1,6 +1,7 @@
-"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-<wnid>-<first image>.parquet.
+"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-h<hash>.parquet (rows in hashed order).
 
-`prepare` plans shards (content-defined, from the manifests alone: tasks/convert/plan.py), `convert_shard` writes
+`prepare` orders each split's rows (`convert.order`) and plans shards (content-defined, from the manifests alone:
+tasks/convert/plan.py), `convert_shard` reads a shard's images a row group at a time in archive-offset order and writes
 one shard streaming row groups (resuming: a shard finished for the same plan is kept), `finalize` writes
 bad_images.jsonl and the metrics. `tasks.convert.distribute` runs them over processes or Dask workers."""
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
@@ -83,14 +84,36 @@ class DownloadParams(Section):
     @field_validator("source", "train", "val", "devkit")
     @classmethod
     def _no_credentials(cls, value: str | None) -> str | None:
-        """params.yaml is committed and DVC copies these values into dvc.lock: a URL must not carry user info."""
-        if value and "@" in urlsplit(value).netloc:
+        """params.yaml is committed and DVC copies these values into dvc.lock: a URL carries no secret (user info,
+        a signed or token query)."""
+        found = _secrets_in(value) if value else None
+        if found:
             raise ValueError(
-                "expected a URL without user info (user:password@), found credentials in it (not shown); "
-                "params.yaml and dvc.lock are committed. Put them in ~/.netrc (HTTP), the environment "
-                "(AWS_ACCESS_KEY_ID / AWS_PROFILE for s3://) or the fsspec config (FSSPEC_S3_* variables)"
+                "expected a URL without user info (user:password@) or a signed / token query (X-Amz-Signature=, "
+                f"Signature=, sig=, token=, ...), found {found}; params.yaml and dvc.lock are committed. Put the "
+                "credentials in ~/.netrc (HTTP), the environment (AWS_ACCESS_KEY_ID / AWS_PROFILE with the plain "
+                "s3:// URL instead of a pre-signed one) or the fsspec config (FSSPEC_S3_* variables)"
             )
         return value
+
+
+# Query keys that carry a secret: pre-signed S3 / GCS / Azure SAS / CloudFront URLs, token and API-key links.
+SECRET_QUERY_KEYS = re.compile(
+    r"(signature|credential|security-token|token|secret|password|passwd|api[-_]?key|access[-_]?key)"
+    r"|^(sig|key|auth|policy|key-pair-id|googleaccessid)$",
+    re.IGNORECASE,
+)
+
+
+def _secrets_in(url: str) -> str | None:
+    """What secret a URL carries, in words with the values redacted (None: none)."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return "credentials in it (not shown)"
+    keys = [key for key, _ in parse_qsl(parts.query, keep_blank_values=True) if SECRET_QUERY_KEYS.search(key)]
+    if keys:
+        return "a signed query ?" + "&".join(f"{key}=***" for key in keys) + " (values not shown)"
+    return None
 
 
 class VerifyParams(Section):

@@ -44,3 +44,67 @@ def test_a_404_advises_netrc_never_a_password_in_the_url(tmp_path):
     message = str(err.value)
     assert "found HTTP 404" in message and "~/.netrc" in message
     assert "user:password in the URL" not in message and "refuses them in the URL" in message
+
+
+# ---------------------------------------------------------------- item 12: params with bounds
+def _problems(**sections) -> str:
+    with pytest.raises(PipelineError) as err:
+        validate_params(_overridden(sections))
+    return str(err.value)
+
+
+def test_sample_sizes_have_an_upper_bound():
+    message = _problems(sample={"train_per_class": 100_000_000, "val_per_class": 10_000})
+    assert "sample.train_per_class: expected an integer in [1, 1300], found 100000000" in message
+    assert "sample.val_per_class: expected an integer in [1, 50], found 10000" in message
+
+
+@pytest.mark.parametrize("value, found", [
+    ("", "found ''"),
+    ("../elsewhere/parquet", "found '../elsewhere/parquet' (outside the project)"),
+    ("data/../..", "found 'data/../..' (outside the project)"),
+    (".", "found '.' (the project itself)"),
+])
+def test_a_paths_entry_empty_or_outside_the_project_is_refused_at_params_check(value, found):
+    message = _problems(paths={"parquet": value})
+    assert "paths.parquet: expected " in message and found in message
+    assert "1 problem(s)" in message
+
+
+def test_an_absolute_path_outside_the_project_is_refused_where_the_root_is_known(tmp_path):
+    from tasks.common.params import load_project
+    from tests.helpers.params import write_params
+
+    root = tmp_path / "project"
+    params = write_params(root, paths={"reports": str(tmp_path / "elsewhere")})  # no root given: not judged
+    with pytest.raises(PipelineError) as err:
+        load_project(params)
+    message = str(err.value)
+    assert f"paths.reports: expected a path inside the project ({root})" in message
+    assert f"found '{tmp_path / 'elsewhere'}' (outside the project)" in message
+    write_params(root, paths={"reports": str(root / "data/reports")})
+    assert load_project(params).path("reports") == root / "data/reports"  # absolute but inside: fine
+
+
+def test_a_checksums_table_that_is_a_device_or_too_large_is_refused_before_reading_it(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers.project import REPO
+
+    (tmp_path / "big.tsv").write_bytes(b"name\tmd5\n" + b"x" * (2 << 20))
+    probe = (
+        "import resource, sys; from pathlib import Path\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from tasks.acquire.verify import read_md5_table\n"
+        "for path in sys.argv[1:]:\n"
+        "    try: read_md5_table(Path(path))\n"
+        "    except Exception as err: print(type(err).__name__, err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, "/dev/zero", str(tmp_path / "big.tsv")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # a 2 GiB cap: the old read_text died
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    assert lines[0].startswith("PipelineError /dev/zero: expected an MD5 table") and "a device" in lines[0]
+    assert "verify.checksums" in lines[0]
+    assert "big.tsv: expected an MD5 table" in lines[1] and "larger than 1,048,576 bytes" in lines[1]

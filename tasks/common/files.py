@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,3 +52,26 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+class UnfitFile(ValueError):
+    """A file that is not a small regular text file; `str(err)` says what was found instead."""
+
+
+def read_small_text(path: str | os.PathLike[str], max_bytes: int) -> str:
+    """The UTF-8 text of a regular file of at most `max_bytes`, or UnfitFile; a device, FIFO or larger file is
+    refused before (or without) reading it whole (`/dev/zero` as a table would never end). FileNotFoundError and
+    other OSErrors pass through."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+            raise UnfitFile(f"{kind}, not a regular file")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnfitFile(f"a file larger than {max_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UnfitFile(f"bytes that are not UTF-8 text ({err.reason} at byte {err.start})") from None

@@ -21,11 +21,13 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -50,21 +52,46 @@ def _needs(section: Section, when: str, value: str, key: str, expected: str) -> 
         raise ValueError(f"{key}: expected {expected} with {when}: {value}, found null")
 
 
+def _in_project(value: str, info: ValidationInfo) -> str:
+    """A `paths:` entry names a place inside the project: DVC tracks nothing outside the repository (an out there
+    fails only after the stage ran), and no stage writes outside it. Relative entries are judged as written; an
+    absolute one where the project root is known (load_project, the run form; `validate_params(root=...)`)."""
+    root = (info.context or {}).get("root")
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        inside = os.path.normpath(path)
+    elif root is None:
+        return value
+    else:
+        inside = os.path.relpath(os.path.normpath(path), os.path.abspath(root))
+    if inside == "." or inside.split(os.sep)[0] == "..":
+        where = "the project itself" if inside == "." else "outside the project"
+        raise ValueError(
+            f"expected a path inside the project{f' ({root})' if root else ''}, not the project itself, found "
+            f"{value!r} ({where}); give a relative path under the project (mount a larger disk under it)"
+        )
+    return value
+
+
+# Every `paths:` entry: non-empty, inside the project (rules as data: the annotation, checked by pydantic).
+ProjectPath = Annotated[str, Field(min_length=1), AfterValidator(_in_project)]
+
+
 class PathsParams(Section):
-    raw: str = Field(description="a directory: downloaded / linked archives")
-    manifests: str = Field(description="a directory: per-split manifests (extract)")
-    label_map: str = Field(description="a file: the label map (extract)")
-    parquet: str = Field(description="a directory: the shards (convert)")
-    work: str = Field(description="a directory: scratch space, resume state (not tracked)")
-    metrics: str = Field(description="a directory: DVC metrics JSON per stage")
-    reports: str = Field(description="a directory: reports (validate)")
-    versions: str = Field(description="a directory tracked in git: the version index (validate)")
+    raw: ProjectPath = Field(description="a directory: downloaded / linked archives")
+    manifests: ProjectPath = Field(description="a directory: per-split manifests (extract)")
+    label_map: ProjectPath = Field(description="a file: the label map (extract)")
+    parquet: ProjectPath = Field(description="a directory: the shards (convert)")
+    work: ProjectPath = Field(description="a directory: scratch space, resume state (not tracked)")
+    metrics: ProjectPath = Field(description="a directory: DVC metrics JSON per stage")
+    reports: ProjectPath = Field(description="a directory: reports (validate)")
+    versions: ProjectPath = Field(description="a directory tracked in git: the version index (validate)")
 
 
 class SampleParams(Section):
     classes: int = Field(ge=1, le=1000)
-    train_per_class: int = Field(ge=1)
-    val_per_class: int = Field(ge=1)
+    train_per_class: int = Field(ge=1, le=1300, description="images per class, at most ILSVRC2012's 1300")
+    val_per_class: int = Field(ge=1, le=50, description="images per class, at most ILSVRC2012's 50")
     seed: int = Field(ge=0)
 
 
@@ -334,15 +361,16 @@ def _problem(error: Any) -> str:
     return f"{where}: expected {_expected(loc[0], loc[1])}, found {found!r}"
 
 
-def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml") -> Params:
-    """The typed params of a parsed params.yaml document, or one PipelineError listing every problem."""
+def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml", root: Path | None = None) -> Params:
+    """The typed params of a parsed params.yaml document, or one PipelineError listing every problem; with `root`
+    (the project, params.yaml's directory) an absolute `paths:` entry is also checked to lie inside it."""
     if not isinstance(doc, dict):
         raise PipelineError(
             f"{where}: expected a mapping of sections ({', '.join(SECTIONS)}), found "
             f"{type(doc).__name__}; restore params.yaml from git (`git checkout params.yaml`)"
         )
     try:
-        return Params.model_validate(doc)
+        return Params.model_validate(doc, context={"root": root})
     except ValidationError as err:
         problems = sorted(dict.fromkeys(_problem(e) for e in err.errors()))
     raise PipelineError(
@@ -396,4 +424,4 @@ def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
         doc = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
-    return Project(file.parent, validate_params(doc, shown))
+    return Project(file.parent, validate_params(doc, shown, file.parent))

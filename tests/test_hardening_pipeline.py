@@ -108,3 +108,68 @@ def test_a_checksums_table_that_is_a_device_or_too_large_is_refused_before_readi
     assert lines[0].startswith("PipelineError /dev/zero: expected an MD5 table") and "a device" in lines[0]
     assert "verify.checksums" in lines[0]
     assert "big.tsv: expected an MD5 table" in lines[1] and "larger than 1,048,576 bytes" in lines[1]
+
+
+# ---------------------------------------------------------------- items 11 (relabel outside the subset), 13
+CA, CB, CC = "n01440764", "n01443537", "n01484850"
+EXCLUDE, RELABEL = "split,wnid,name,reason\n", "split,wnid,name,new_wnid,reason\n"
+
+
+def _curation(root, exclude="", relabel="", bom=""):
+    from tasks.extract import curate
+
+    (root / "exclude.csv").write_text(bom + EXCLUDE + exclude, encoding="utf-8")
+    (root / "relabel.csv").write_text(bom + RELABEL + relabel, encoding="utf-8")
+    return curate.read_curation(root / "exclude.csv", root / "relabel.csv")
+
+
+def _folder_run(root, curation, **options):
+    from tests.test_extract import make_tree, run_folder
+
+    tree = root / "tree"
+    make_tree(tree, {"train": {CA: ["a1.JPEG", "a2.JPEG", "a3.JPEG"], CB: ["b1.JPEG"], CC: ["c1.JPEG"]},
+                     "val": {CA: ["va.JPEG"], CB: ["vb.JPEG"], CC: ["vc.JPEG"]}})
+    return run_folder(tree, root / "out", curation=curation, **options)
+
+
+def test_a_curation_csv_with_a_utf8_bom_is_read(tmp_path):
+    curation = _curation(tmp_path, f"train,{CA},a2.JPEG,dup\n", f"train,{CA},a1.JPEG,{CC},wrong\n", bom="\ufeff")
+    assert [line.name for line in curation.exclude] == ["a2.JPEG"] and curation.relabel[0].new_wnid == CC
+    report = _folder_run(tmp_path, curation)
+    assert report["images"]["train"] == 4 and report["curation"]["relabel"]["train"]["by_class"] == {f"{CA}->{CC}": 1}
+
+
+@pytest.mark.parametrize("exclude, relabel, line, found", [
+    (f"val,{CC},vc.JPEG,blurry\n", "", "exclude.csv:2", f"expected class {CC} left with images in val"),
+    ("", f"val,{CC},vc.JPEG,{CA},wrong\n", "relabel.csv:2", f"expected class {CC} left with images in val"),
+    ("", f"val,{CA},va.JPEG,n01494475,wrong\n", "relabel.csv:2",
+     "expected new_wnid a class that train has too, found 'n01494475', which only relabel lines bring into val"),
+])
+def test_a_curation_line_that_unbalances_the_classes_is_named_not_the_source(tmp_path, exclude, relabel, line, found):
+    with pytest.raises(PipelineError) as err:
+        _folder_run(tmp_path, _curation(tmp_path, exclude, relabel))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}/{line}: ") and found in message, message
+    assert "tree/" not in message and not (tmp_path / "out/manifests").exists()
+
+
+def test_a_relabel_into_a_class_outside_extract_classes_is_refused(tmp_path):
+    (tmp_path / "classes.txt").write_text(f"{CA}\n{CB}\n")
+    curation = _curation(tmp_path, "", f"train,{CA},a2.JPEG,{CC},wrong\n")
+    with pytest.raises(PipelineError) as err:  # before: dropped silently, reported as relabelled
+        _folder_run(tmp_path, curation, classes=str(tmp_path / "classes.txt"))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class extract.classes keeps")
+    assert f"found '{CC}', not in the subset" in message and not (tmp_path / "out/manifests").exists()
+
+
+def test_a_relabel_into_a_class_not_in_the_devkit_names_the_curation_line(tmp_path):
+    from tests.helpers.archives import run_extract, small_release
+
+    small_release(tmp_path / "raw")  # a devkit of 4 classes
+    curation = _curation(tmp_path, "", "train,n01440764,n01440764_1.JPEG,n01494475,wrong\n")
+    with pytest.raises(PipelineError) as err:
+        run_extract(tmp_path / "raw", tmp_path / "out", curation=curation)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class listed in ")
+    assert "ILSVRC2012_devkit_t12.tar.gz" in message and "found 'n01494475'" in message

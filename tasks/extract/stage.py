@@ -245,9 +245,12 @@ def finalize(
             tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root)
         )
     curation = curation or curate.Curation()
+    subset = labels.read_class_list(classes, Path(root))
     applied = {split: curate.apply_curation(split, tables[split], curation) for split in SPLITS}
+    found = {"before": _wnids(tables), "after": _wnids({split: table for split, (table, _) in applied.items()})}
+    curate.check_classes(curation, found, subset, catalog, catalog_name)
     tables = {split: table for split, (table, _) in applied.items()}
-    keep = _select(tables, where, catalog, catalog_name, labels.read_class_list(classes, Path(root)))
+    keep = _select(found["after"], where, catalog, catalog_name, subset)
     label_map = labels.label_map(keep, catalog, label_source)
     label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
     counts = _write_manifests(Path(manifests_dir), tables, label_of)
@@ -267,15 +270,18 @@ def finalize(
     return report
 
 
+def _wnids(tables: dict[str, pa.Table]) -> dict[str, set[str]]:
+    return {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
+
+
 def _select(
-    tables: dict[str, pa.Table],
+    found: dict[str, set[str]],
     where: dict[str, str],
     catalog: dict[str, Synset],
     catalog_name: str,
     subset: list[str] | None,
 ) -> list[str]:
     """The classes to keep: every wnid found must be in the catalog; train and val agree (or hold the subset)."""
-    found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
     for split in SPLITS:
         labels.check_known(found[split], catalog, where[split], catalog_name)
     return labels.select_classes(found["train"], found["val"], subset, where["train"], where["val"])

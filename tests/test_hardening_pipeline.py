@@ -173,3 +173,54 @@ def test_a_relabel_into_a_class_not_in_the_devkit_names_the_curation_line(tmp_pa
     message = str(err.value)
     assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class listed in ")
     assert "ILSVRC2012_devkit_t12.tar.gz" in message and "found 'n01494475'" in message
+
+
+# ---------------------------------------------------------------- item 11: changes.json from the key sets
+def _version(counts: dict[str, int], curated: list[list]) -> dict:
+    classes = {w: {"count": n, "digest": f"{w}-{n}-{len(curated)}"} for w, n in counts.items()}
+    return {"label_map": "same", "classes": {"train": classes, "val": {}}, "shards": {"train": {}, "val": {}},
+            "curated": curated}
+
+
+def _changes(tmp_path, before: dict, after: dict) -> tuple[dict, dict]:
+    import json
+
+    from tasks.validate import changes
+
+    changes.record_version(tmp_path, before)
+    found = changes.record_version(tmp_path, after)
+    rows = {row["wnid"]: row for row in found["train"]["classes"]}
+    return rows, json.loads((tmp_path / "changes.json").read_text())["train"]
+
+
+def test_undoing_an_exclusion_counts_an_image_added_never_a_negative_removal(tmp_path):
+    excluded = [["exclude", "train", CA, "a3.JPEG", None]]
+    rows, metrics = _changes(tmp_path, _version({CA: 2}, excluded), _version({CA: 3}, []))
+    assert rows[CA] == {"wnid": CA, "before": 2, "after": 3, "added": 1, "removed": 0, "relabelled_in": 0,
+                        "relabelled_out": 0}
+    assert (metrics["images_added"], metrics["images_removed"], metrics["images_relabelled"]) == (1, 0, 0)
+    from tasks.validate.report import _changes_section
+
+    table = "\n".join(_changes_section({"changes": {"previous": True, "label_map_changed": False,
+                                                    "train": {"classes": list(rows.values()), "shards_rewritten": [],
+                                                              "shards_removed": [], "shards": 0},
+                                                    "val": {"classes": [], "shards_rewritten": [],
+                                                            "shards_removed": [], "shards": 0}}}))
+    assert f"| {CA} | 2 | 3 | 1 | 0 | 0 | 0 |" in table and "-1" not in table
+
+
+def test_undoing_or_retargeting_a_relabel_moves_the_image_between_the_right_classes(tmp_path):
+    to_b = [["relabel", "train", CA, "a1.JPEG", CB]]
+    rows, metrics = _changes(tmp_path / "undo", _version({CA: 2, CB: 2}, to_b), _version({CA: 3, CB: 1}, []))
+    assert (rows[CA]["relabelled_in"], rows[CB]["relabelled_out"], metrics["images_relabelled"]) == (1, 1, 1)
+    assert metrics["images_added"] == metrics["images_removed"] == 0
+    to_c = [["relabel", "train", CA, "a1.JPEG", CC]]
+    rows, metrics = _changes(tmp_path / "retarget", _version({CA: 2, CB: 2, CC: 1}, to_b),
+                             _version({CA: 2, CB: 1, CC: 2}, to_c))
+    assert set(rows) == {CB, CC} and rows[CB]["relabelled_out"] == 1 and rows[CC]["relabelled_in"] == 1
+    assert (metrics["images_relabelled"], metrics["images_added"], metrics["images_removed"]) == (1, 0, 0)
+    rows, metrics = _changes(tmp_path / "swap", _version({CA: 2, CB: 2}, to_b),
+                             _version({CA: 2, CB: 1}, [["exclude", "train", CA, "a1.JPEG", None]]))
+    assert rows[CB]["removed"] == 1 and (metrics["images_removed"], metrics["images_added"]) == (1, 0)
+    assert all(v >= 0 for row in rows.values() for v in row.values() if isinstance(v, int))
+

@@ -224,3 +224,80 @@ def test_undoing_or_retargeting_a_relabel_moves_the_image_between_the_right_clas
     assert rows[CB]["removed"] == 1 and (metrics["images_removed"], metrics["images_added"]) == (1, 0)
     assert all(v >= 0 for row in rows.values() for v in row.values() if isinstance(v, int))
 
+
+# ---------------------------------------------------------------- item 9: a padded decompression bomb
+def _padded_bomb(marker: bytes = b"\xff\xfe") -> bytes:
+    """A real 16x16 JPEG whose frame claims 12000x12000, plus ~281 KB of COM (or APPn) segments after SOI: as many
+    bytes as the 2,250,000 declared 8x8 blocks need at 1 bit each, so the file size looks plausible."""
+    import struct
+
+    from tests.helpers.images import jpeg
+
+    from tasks.convert.jpeg_header import read_header
+
+    data = bytearray(jpeg(size=(16, 16)))
+    sof = data.index(b"\xff\xc0")
+    struct.pack_into(">HH", data, sof + 5, 12000, 12000)
+    if marker == b"\xff\xd0":  # restart markers inside the scan data
+        scan = read_header(bytes(data)).scan
+        return bytes(data[:scan] + marker * 150_000 + data[scan:])
+    segment = marker + struct.pack(">H", 65535) + b"\x00" * 65533
+    return bytes(data[:2] + segment * 5 + data[2:])
+
+
+@pytest.mark.parametrize("marker", [b"\xff\xfe", b"\xff\xe2", b"\xff\xd0"])
+def test_a_padded_bomb_is_a_bad_image_whatever_the_policy(tmp_path, marker):
+    import json
+
+    from tasks.convert import imaging
+    from tasks.convert.distribute import run_local
+    from tests.helpers.datasets import flat_dataset, make_job
+    from tests.helpers.images import jpeg
+
+    bomb = _padded_bomb(marker)
+    assert len(bomb) * 8 > 2_250_000  # the file size alone passes the 1-bit-per-block bound
+    for policy in (imaging.Policy(), imaging.Policy(policy="reencode"), imaging.Policy(full_decode=True)):
+        with pytest.raises(imaging.BadImage, match=r"^implausible_size: 12000x12000 declared .* found \d+ bytes of "
+                                                   rf"image data in a {len(bomb)}-byte file"):
+            imaging.encode_image(bomb, policy)
+    flat_dataset(tmp_path, [("n01440764", "n01440764_0.JPEG", bomb), ("n01440764", "n01440764_1.JPEG", jpeg())])
+    job = make_job(tmp_path, max_bad_fraction=0.5)
+    assert run_local(job, progress=False)["bad_images"] == 1
+    [record] = [json.loads(line) for line in (job.parquet / "bad_images.jsonl").read_text().splitlines()]
+    assert record["name"] == "n01440764_0.JPEG" and record["reason"].startswith("implausible_size: 12000x12000")
+
+
+def test_the_reader_refuses_to_decode_more_pixels_than_its_bound():
+    import warnings
+
+    from PIL import Image
+
+    from imagenet_parquet import decode_image
+    from tests.helpers.images import jpeg
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with pytest.raises(Image.DecompressionBombError, match=r"12000x12000 = 144,000,000 pixels to decode, more "
+                                                               r"than max_pixels=89,478,485"):
+            decode_image(_padded_bomb())  # never the 432 MB allocation
+        with pytest.raises(Image.DecompressionBombError, match=r"max_pixels=1,000"):
+            decode_image(jpeg(size=(64, 64)), max_pixels=1000)
+    assert decode_image(jpeg(size=(64, 64)), max_pixels=64 * 64).size == (64, 64)
+
+
+def test_real_progressive_and_restart_marker_jpegs_stay_plausible():
+    import io
+
+    from PIL import Image
+
+    from tasks.convert import imaging
+    from tasks.convert.jpeg_header import entropy_coded_bytes, read_header
+
+    flat = Image.new("RGB", (2048, 2048), (90, 90, 90))  # as few bits per block as an image has
+    for options in ({"progressive": True}, {"restart_marker_blocks": 1}, {}):
+        out = io.BytesIO()
+        flat.save(out, "JPEG", quality=50, **options)
+        data = out.getvalue()
+        head = read_header(data)
+        assert head is not None and 0 < entropy_coded_bytes(data, head.scan) <= len(data) - head.scan
+        assert imaging.encode_image(data, imaging.Policy()).transform == "none"

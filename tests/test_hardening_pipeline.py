@@ -301,3 +301,108 @@ def test_real_progressive_and_restart_marker_jpegs_stay_plausible():
         head = read_header(data)
         assert head is not None and 0 < entropy_coded_bytes(data, head.scan) <= len(data) - head.scan
         assert imaging.encode_image(data, imaging.Policy()).transform == "none"
+
+
+# ---------------------------------------------------------------- item 10: a full disk, one line naming the directory
+def _fill(mount):
+    """Write into `mount` until the filesystem refuses (ENOSPC): every later write there fails for real."""
+    import errno
+    import os
+
+    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real full filesystem: a 1 MiB tmpfs at tmp_path/full, filled (needs root; skipped where mount is refused —
+    test_a_write_error_in_the_reports_names_the_directory injects the error instead)."""
+    import subprocess
+
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        _fill(mount)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def _one_clear_line(err, directory, name, key):
+    message = str(err.value)
+    assert message.startswith(f"{directory}: expected to write {name} here, found No space left on device "
+                              "(errno 28); free some space there"), message
+    assert f"({key} in params.yaml names it), then run again" in message and "\n" not in message
+
+
+def test_a_full_reports_or_versions_disk_is_one_line_naming_the_directory(tmp_path, full_disk):
+    from tasks.validate import changes, contact_sheet, near_dup_outputs
+
+    from tests.helpers.datasets import make_dataset
+
+    ds = make_dataset(tmp_path / "project").write()
+    reports, versions = full_disk / "reports", full_disk / "versions"
+    with pytest.raises(PipelineError) as err:
+        contact_sheet.write_contact_sheet(ds.parquet_dir, ds.label_map_path, reports / "contact_sheet.png", 2, 20)
+    _one_clear_line(err, reports, "contact_sheet.png", "paths.reports")
+    with pytest.raises(PipelineError) as err:
+        near_dup_outputs.write_near_duplicate_outputs({}, ds.parquet_dir, reports)
+    _one_clear_line(err, reports, "near_duplicates.png", "paths.reports")
+    with pytest.raises(PipelineError) as err:
+        changes.record_version(versions, {"label_map": "x", "classes": {}, "shards": {}, "curated": []})
+    _one_clear_line(err, versions, "index.json", "paths.versions")
+    assert sorted(p.name for p in full_disk.rglob("*")) == ["filler", "reports", "versions"]  # nothing half-written
+
+
+def test_a_full_scratch_disk_is_one_line_naming_the_directory(tmp_path):
+    import subprocess
+
+    from tasks.convert.distribute import run_local
+    from tests.helpers.datasets import flat_dataset, make_job
+    from tests.helpers.images import jpeg
+
+    root = tmp_path / "project"
+    flat_dataset(root, [("n01440764", f"n01440764_{i}.JPEG", jpeg(size=(32, 32))) for i in range(4)])
+    job = make_job(root)
+    job.work.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(job.work)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        _fill(job.work)
+        with pytest.raises(PipelineError) as err:  # prepare writes each shard's manifest rows there
+            run_local(job, progress=False)
+        [rows] = [p.name for p in (job.work / "convert" / "train").iterdir()] or [None]
+    finally:
+        subprocess.run(["umount", "-l", str(job.work)], check=True)
+    assert rows is None  # no half-written slice under its final name, no temp file left
+    message = str(err.value)
+    assert message.startswith(f"{job.work / 'convert' / 'train'}: expected to write train-")
+    assert ".rows.parquet here" in message
+    assert "No space left on device (errno 28)" in message and "(paths.work in params.yaml names it)" in message
+
+
+def test_a_write_error_in_the_reports_names_the_directory(tmp_path, monkeypatch):
+    import errno
+
+    from PIL import Image
+
+    from tasks.validate import near_dup_outputs
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Image.Image, "save", full)
+    with pytest.raises(PipelineError) as err:
+        near_dup_outputs.write_near_duplicate_outputs({}, tmp_path / "parquet", tmp_path / "reports")
+    _one_clear_line(err, tmp_path / "reports", "near_duplicates.png", "paths.reports")
+    assert list((tmp_path / "reports").iterdir()) == []

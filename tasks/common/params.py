@@ -88,6 +88,13 @@ class PathsParams(Section):
     versions: ProjectPath = Field(description="a directory tracked in git: the version index (validate)")
 
 
+def path_key(name: str) -> str:
+    """The params.yaml key of a `paths:` entry (`paths.reports`), as messages name it (a KeyError for no entry)."""
+    if name not in PathsParams.model_fields:
+        raise KeyError(f"paths.{name}")
+    return f"paths.{name}"
+
+
 class SampleParams(Section):
     classes: int = Field(ge=1, le=1000)
     train_per_class: int = Field(ge=1, le=1300, description="images per class, at most ILSVRC2012's 1300")

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from tasks.common import SPLITS, write_json
+from tasks.common.params import path_key
 
 INDEX_FILE, CHANGES_FILE = "index.json", "changes.json"
 MOVES = ("removed", "restored", "relabelled_in", "relabelled_out")  # what curation lines do to an image
@@ -59,9 +60,9 @@ def record_version(versions_dir: Path, current: dict[str, Any]) -> dict[str, Any
     path = versions_dir / INDEX_FILE
     stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     previous = stored.get("previous") if stored.get("current") == current else stored.get("current")
-    write_json(path, {"current": current, "previous": previous})
+    write_json(path, {"current": current, "previous": previous}, path_key("versions"))
     changes = compare(previous, current)
-    write_json(versions_dir / CHANGES_FILE, changes_metrics(changes))
+    write_json(versions_dir / CHANGES_FILE, changes_metrics(changes), path_key("versions"))
     return changes
 
 

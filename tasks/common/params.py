@@ -13,11 +13,9 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pydantic import (
@@ -27,7 +25,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -36,6 +33,7 @@ from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
 from tasks.common.errors import PipelineError
+from tasks.common.param_rules import in_project, secrets_in
 
 SPEED_ONLY: JsonDict = {"speed_only": True}
 
@@ -52,29 +50,8 @@ def _needs(section: Section, when: str, value: str, key: str, expected: str) -> 
         raise ValueError(f"{key}: expected {expected} with {when}: {value}, found null")
 
 
-def _in_project(value: str, info: ValidationInfo) -> str:
-    """A `paths:` entry names a place inside the project: DVC tracks nothing outside the repository (an out there
-    fails only after the stage ran), and no stage writes outside it. Relative entries are judged as written; an
-    absolute one where the project root is known (load_project, the run form; `validate_params(root=...)`)."""
-    root = (info.context or {}).get("root")
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        inside = os.path.normpath(path)
-    elif root is None:
-        return value
-    else:
-        inside = os.path.relpath(os.path.normpath(path), os.path.abspath(root))
-    if inside == "." or inside.split(os.sep)[0] == "..":
-        where = "the project itself" if inside == "." else "outside the project"
-        raise ValueError(
-            f"expected a path inside the project{f' ({root})' if root else ''}, not the project itself, found "
-            f"{value!r} ({where}); give a relative path under the project (mount a larger disk under it)"
-        )
-    return value
-
-
 # Every `paths:` entry: non-empty, inside the project (rules as data: the annotation, checked by pydantic).
-ProjectPath = Annotated[str, Field(min_length=1), AfterValidator(_in_project)]
+ProjectPath = Annotated[str, Field(min_length=1), AfterValidator(in_project)]
 
 
 class PathsParams(Section):
@@ -120,7 +97,7 @@ class DownloadParams(Section):
     def _no_credentials(cls, value: str | None) -> str | None:
         """params.yaml is committed and DVC copies these values into dvc.lock: a URL carries no secret (user info,
         a signed or token query)."""
-        found = _secrets_in(value) if value else None
+        found = secrets_in(value) if value else None
         if found:
             raise ValueError(
                 "expected a URL without user info (user:password@) or a signed / token query (X-Amz-Signature=, "
@@ -129,25 +106,6 @@ class DownloadParams(Section):
                 "s3:// URL instead of a pre-signed one) or the fsspec config (FSSPEC_S3_* variables)"
             )
         return value
-
-
-# Query keys that carry a secret: pre-signed S3 / GCS / Azure SAS / CloudFront URLs, token and API-key links.
-SECRET_QUERY_KEYS = re.compile(
-    r"(signature|credential|security-token|token|secret|password|passwd|api[-_]?key|access[-_]?key)"
-    r"|^(sig|key|auth|policy|key-pair-id|googleaccessid)$",
-    re.IGNORECASE,
-)
-
-
-def _secrets_in(url: str) -> str | None:
-    """What secret a URL carries, in words with the values redacted (None: none)."""
-    parts = urlsplit(url)
-    if "@" in parts.netloc:
-        return "credentials in it (not shown)"
-    keys = [key for key, _ in parse_qsl(parts.query, keep_blank_values=True) if SECRET_QUERY_KEYS.search(key)]
-    if keys:
-        return "a signed query ?" + "&".join(f"{key}=***" for key in keys) + " (values not shown)"
-    return None
 
 
 class VerifyParams(Section):

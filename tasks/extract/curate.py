@@ -122,6 +122,26 @@ def apply_curation(split: str, table: pa.Table, curation: Curation) -> tuple[pa.
     return table.filter(keep), {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
 
 
+def curate_splits(
+    tables: dict[str, pa.Table],
+    curation: Curation,
+    subset: list[str] | None,
+    catalog: Mapping[str, object],
+    catalog_name: str,
+) -> tuple[dict[str, pa.Table], dict[str, dict[str, Any]], dict[str, set[str]]]:
+    """Every split's lines applied and the classes they leave checked (check_classes): the curated tables, the
+    counts per split (for curation_report) and the wnids each split holds now."""
+    applied = {split: apply_curation(split, tables[split], curation) for split in SPLITS}
+    curated = {split: table for split, (table, _) in applied.items()}
+    found = {"before": _wnids(tables), "after": _wnids(curated)}
+    check_classes(curation, found, subset, catalog, catalog_name)
+    return curated, {split: counts for split, (_, counts) in applied.items()}, found["after"]
+
+
+def _wnids(tables: dict[str, pa.Table]) -> dict[str, set[str]]:
+    return {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
+
+
 def check_classes(
     curation: Curation,
     found: dict[str, dict[str, set[str]]],

@@ -246,11 +246,8 @@ def finalize(
         )
     curation = curation or curate.Curation()
     subset = labels.read_class_list(classes, Path(root))
-    applied = {split: curate.apply_curation(split, tables[split], curation) for split in SPLITS}
-    found = {"before": _wnids(tables), "after": _wnids({split: table for split, (table, _) in applied.items()})}
-    curate.check_classes(curation, found, subset, catalog, catalog_name)
-    tables = {split: table for split, (table, _) in applied.items()}
-    keep = _select(found["after"], where, catalog, catalog_name, subset)
+    tables, curated, found = curate.curate_splits(tables, curation, subset, catalog, catalog_name)
+    keep = _select(found, where, catalog, catalog_name, subset)
     label_map = labels.label_map(keep, catalog, label_source)
     label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
     counts = _write_manifests(Path(manifests_dir), tables, label_of)
@@ -263,15 +260,11 @@ def finalize(
         "outside_subset": {s: n for s, (_, n) in counts.items()},
         "reported": reported,
         "imagefolder": imagefolder,
-        "curation": curate.curation_report(curation, {split: counts for split, (_, counts) in applied.items()}),
+        "curation": curate.curation_report(curation, curated),
     }
     write_json(Path(manifests_dir) / EXTRACT_REPORT, report)
     write_json(label_map_path, label_map)
     return report
-
-
-def _wnids(tables: dict[str, pa.Table]) -> dict[str, set[str]]:
-    return {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
 
 
 def _select(

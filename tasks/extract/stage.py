@@ -245,9 +245,9 @@ def finalize(
             tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, Path(root)
         )
     curation = curation or curate.Curation()
-    applied = {split: curate.apply_curation(split, tables[split], curation) for split in SPLITS}
-    tables = {split: table for split, (table, _) in applied.items()}
-    keep = _select(tables, where, catalog, catalog_name, labels.read_class_list(classes, Path(root)))
+    subset = labels.read_class_list(classes, Path(root))
+    tables, curated, found = curate.curate_splits(tables, curation, subset, catalog, catalog_name)
+    keep = _select(found, where, catalog, catalog_name, subset)
     label_map = labels.label_map(keep, catalog, label_source)
     label_of = {c["wnid"]: c["label"] for c in label_map["classes"]}
     counts = _write_manifests(Path(manifests_dir), tables, label_of)
@@ -260,7 +260,7 @@ def finalize(
         "outside_subset": {s: n for s, (_, n) in counts.items()},
         "reported": reported,
         "imagefolder": imagefolder,
-        "curation": curate.curation_report(curation, {split: counts for split, (_, counts) in applied.items()}),
+        "curation": curate.curation_report(curation, curated),
     }
     write_json(Path(manifests_dir) / EXTRACT_REPORT, report)
     write_json(label_map_path, label_map)
@@ -268,14 +268,13 @@ def finalize(
 
 
 def _select(
-    tables: dict[str, pa.Table],
+    found: dict[str, set[str]],
     where: dict[str, str],
     catalog: dict[str, Synset],
     catalog_name: str,
     subset: list[str] | None,
 ) -> list[str]:
     """The classes to keep: every wnid found must be in the catalog; train and val agree (or hold the subset)."""
-    found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
     for split in SPLITS:
         labels.check_known(found[split], catalog, where[split], catalog_name)
     return labels.select_classes(found["train"], found["val"], subset, where["train"], where["val"])

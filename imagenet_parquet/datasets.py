@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .format import read_label_map
-from .partition import Position, epoch_order, rank_positions, worker_chunks
+from .partition import Position, epoch_order, rank_positions, worker_positions
 from .readahead import read_ahead
 from .resume import Resumable
 from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
@@ -302,32 +302,18 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         start, local, count = self._begin()
         order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
         positions = rank_positions(len(self.index), start.origin, self.rank, self.world_size, self.uneven)
-        chunks = worker_chunks(count, self.batch_size or 1, worker, workers, local)
-        pieces = [(a, min(a + 64, b)) for lo, b in _merged(chunks) for a in range(lo, b, 64)]
+        mine = worker_positions(count, self.batch_size or 1, worker, workers, local)
+        pieces = [mine[k : k + 64] for k in range(0, len(mine), 64)]  # this worker's next 64 positions each
 
-        def rows(piece: tuple[int, int]) -> list[int]:
-            return [int(i) for i in order[positions[piece[0] : piece[1]]]]
+        def hint(ahead: Sequence[np.ndarray]) -> None:
+            self._willneed([int(i) for piece in ahead for i in order[positions[piece]]])
 
-        def hint(ahead: Sequence[tuple[int, int]]) -> None:
-            self._willneed([i for piece in ahead for i in rows(piece)])
-
-        def load(piece: tuple[int, int]) -> list[tuple[bytes, int]]:
-            return [self._read_row(i) for i in rows(piece)]
+        def load(piece: np.ndarray) -> list[tuple[bytes, int]]:
+            return [self._read_row(int(i)) for i in order[positions[piece]]]
 
         loads = read_ahead(pieces, load, self.read_ahead, hint, self.read_ahead + 2)
-        for (a, _), loaded in zip(pieces, loads, strict=True):
-            for offset, row in enumerate(loaded):
-                self._advance(a + offset + 1)  # before the yield: a snapshot taken after it counts this row
+        for piece, loaded in zip(pieces, loads, strict=True):
+            for done, row in zip(piece.tolist(), loaded, strict=True):
+                self._advance(done + 1)  # before the yield: a snapshot taken after it counts this row
                 yield row
         self._resume = None  # this pass is done: a next pass over the epoch starts at its beginning
-
-
-def _merged(chunks: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Adjacent [a, b) ranges joined (one worker: its chunks are contiguous)."""
-    merged: list[tuple[int, int]] = []
-    for a, b in chunks:
-        if merged and merged[-1][1] == a:
-            merged[-1] = (merged[-1][0], b)
-        else:
-            merged.append((a, b))
-    return merged

@@ -9,7 +9,7 @@ cache (cache.py) of checked bytes only.
   * `<md5>/<group>`: a sparse file as long as the shard's row group `group` ends, holding that row group's bytes
     at their own offsets — so pyarrow (with the footer passed in) and the footer's byte index read it as if it
     were the shard, and disk use is the row group's bytes only. Checked before it is kept: every image's bytes
-    against the row group's `sha256` column, and the byte index's entries for its rows against those bytes —
+    (read through the footer's byte index, as map-style reads them) against the row group's `sha256` column —
     one check per row group fetched (benchmarks/bench_reader.py measures it against decoding), so what the
     cache holds, and what is read from it, was verified. A reply that fails the check is fetched again (Policy:
     bounded retries with backoff), then fails naming the URL.
@@ -17,11 +17,11 @@ Each process fetches only the row groups it reads; one that several processes wa
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,12 +30,12 @@ import pyarrow.parquet as pq
 from .cache import Cache
 from .dvcremote import Remote, RemoteError, check_md5, find_remote, list_shards, lock_out
 from .fetch import Corrupt, Fetcher, Policy
-from .format import HASH_ALGORITHM, FormatError, decode_image_index, read_indexed
+from .format import HASH_ALGORITHM, decode_image_index, read_indexed
+from .pieces import Pieces
 from .shards import row_group_span
 
 TAIL_BYTES = 1 << 19  # first guess at the footer size: label maps + byte index, ~360 KiB for a 1000-class 256 MB shard
 FETCH_THREADS = 16
-VERIFY_COLUMNS = ["image.bytes", HASH_ALGORITHM]
 
 
 def default_cache_dir() -> Path:
@@ -82,6 +82,15 @@ class RemoteShards:
     def _reset(self) -> None:
         self._meta: dict[int, pq.FileMetaData] = {}
         self._index: dict[int, np.ndarray | None] = {}  # per file: the footer's byte index, decoded once
+        self._pid = os.getpid()
+        self._readers: dict[int, Pieces] = {}  # per process: never pickled, dropped after a fork
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_readers"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pid, self._readers = os.getpid(), {}
 
     @property
     def names(self) -> list[Path]:
@@ -158,34 +167,24 @@ class RemoteShards:
             raise RemoteError(f"{self.remote.shown(url)}: expected shard object, found none; run `dvc push`") from None
 
     def _verify(self, file: int, group: int, fd: int) -> None:
-        """Corrupt unless every image of row group `group` (written to `fd`) matches its sha256, and the byte
-        index's entries for those rows point at the same bytes."""
-        meta = self.footer(file)
-        try:
-            with open(fd, "rb", closefd=False) as fh:
-                table = pq.ParquetFile(fh, metadata=meta).read_row_group(group, VERIFY_COLUMNS, use_threads=False)
-        except (OSError, ValueError, pa.ArrowException) as err:
-            raise Corrupt(f"expected row group {group}, found bytes that do not parse ({err})") from None
-        images = table.column("image").combine_chunks().field("bytes")
-        hashes = table.column(HASH_ALGORITHM).to_pylist()
-        index, first_row = self._byte_index(file), sum(meta.row_group(g).num_rows for g in range(group))
-        for row, (image, digest) in enumerate(zip(images, hashes, strict=True)):
-            data = image.as_py()
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise Corrupt(f"image {row} of row group {group} does not match its {HASH_ALGORITHM}")
-            if index is not None and self._indexed(fd, index[first_row + row], file) != data:
-                raise Corrupt(f"the footer's byte index of row {first_row + row} points at other bytes")
+        self._pieces(file).verify(fd, group)
 
-    def _indexed(self, fd: int, entry: np.ndarray, file: int) -> bytes | None:
-        try:
-            return read_indexed(fd, entry, self.entries[file][0])
-        except FormatError:
-            return None
+    def _pieces(self, file: int) -> Pieces:
+        """This process's reader of `file`'s pieces (one ParquetFile per shard: its footer parsed once)."""
+        if self._pid != os.getpid():
+            self._pid, self._readers = os.getpid(), {}
+        reader = self._readers.get(file)
+        if reader is None:
+            reader = Pieces(self.footer(file), self._byte_index(file), self.entries[file][0])
+            reader = self._readers.setdefault(file, reader)
+        return reader
 
     def read_row_group(self, file: int, group: int, columns: Sequence[str]) -> pa.Table:
-        meta = self.footer(file)
-        with open(self._piece(file, group), "rb") as fh:
-            return pq.ParquetFile(fh, metadata=meta).read_row_group(group, columns=list(columns), use_threads=False)
+        fd = self._piece(file, group)
+        try:
+            return self._pieces(file).read_row_group(fd, group, columns)
+        finally:
+            os.close(fd)
 
     def read_image(self, file: int, group: int, row: int) -> bytes | None:
         """Image `row` of `file` (in row group `group`) through the footer's byte index (map-style), the row group

@@ -143,8 +143,13 @@ class RemoteShards:
             spans = [row_group_span(meta, g) for g in range(meta.num_row_groups)]
         except (OSError, ValueError, pa.ArrowException) as err:
             raise Corrupt(f"expected a Parquet footer, found one that does not parse ({err})") from None
-        if any(end > size - length - 8 for _, end in spans) or HASH_ALGORITHM not in meta.schema.names:
-            raise Corrupt(f"expected a footer of row groups inside the object, with a {HASH_ALGORITHM} column")
+        if any(end > size - length - 8 for _, end in spans):
+            raise Corrupt("expected a footer whose row groups lie inside the object, found one beyond it")
+        if HASH_ALGORITHM not in meta.schema.names:
+            raise RemoteError(
+                f"{self.remote.shown(url)}: expected a {HASH_ALGORITHM} column to check the images against (the "
+                f"convert stage writes one), found {meta.schema.names}; read such shards after `dvc pull`"
+            )
         return data
 
     # ------------------------------------------------------------ row groups
@@ -165,6 +170,9 @@ class RemoteShards:
             self.fetcher.retry(url, f"row group {group} (bytes {first}-{end})", attempt)
         except FileNotFoundError:
             raise RemoteError(f"{self.remote.shown(url)}: expected shard object, found none; run `dvc push`") from None
+        except RemoteError:  # the footer may be the bad part (it has no hash of its own): the next start refetches it
+            (self.cache_dir / self.entries[file][1] / "footer").unlink(missing_ok=True)
+            raise
 
     def _verify(self, file: int, group: int, fd: int) -> None:
         self._pieces(file).verify(fd, group)

@@ -115,6 +115,7 @@ def test_flipped_range_replies_are_refetched_and_never_cached(project, server, t
     with pytest.raises(RemoteError, match=r"127\.0\.0\.1.*sha256.*after 3 tries"):
         fresh[7]
     assert _pieces(tmp_path / "fresh") == []  # nothing bad, nothing half-written left in the cache
+    assert len(list((tmp_path / "fresh").rglob("footer"))) == 2  # that shard's footer refetched on the next start
 
 
 def test_a_shifted_range_is_a_remote_error_not_a_format_error_and_not_cached(project, server, tmp_path):

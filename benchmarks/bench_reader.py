@@ -18,8 +18,8 @@ Issue 13 rows: "read_ahead=0" / "no batch WILLNEED" are the readers without read
 with an empty cache every run; its "first batch" column is from `from_dvc(...)` to the first batch.
 
 Issue 21 table ("integrity check vs decode", printed after the loaders; `--verify-only` prints only it): per image,
-the remote reader's check of each fetched row group (`imagenet_parquet.remote.verify_row_group`: parse the image
-and sha256 columns, sha256 of every image, byte-index entries compared) and sha256 alone, beside `decode_image`
+the remote reader's check of each fetched row group (`imagenet_parquet.pieces.Pieces.verify`: parse the sha256
+column, hash every image where the byte index points in the fetched bytes) and sha256 alone, beside `decode_image`
 of the same images, in the same process and run; the target is a check under 5 % of decoding.
 """
 from __future__ import annotations
@@ -50,7 +50,8 @@ sys.path.insert(0, str(REPO))
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
 from imagenet_parquet.format import decode_image_index  # noqa: E402
-from imagenet_parquet.pieces import verify_row_group  # noqa: E402
+from imagenet_parquet.pieces import Pieces  # noqa: E402
+from imagenet_parquet.shards import row_group_span  # noqa: E402
 from tasks.common import write_json
 from tasks.common.params import load_project  # noqa: E402
 from tasks.convert.distribute import run_local  # noqa: E402
@@ -368,14 +369,14 @@ def verify_cost(root: Path) -> tuple[int, float, float, float]:
     images, verify, sha, decode = 0, 0.0, 0.0, 0.0
     for path in sorted(root.rglob("*.parquet")):
         meta = pq.read_metadata(path)
-        index = decode_image_index(meta.metadata, meta.num_rows, path)
-        piece = pa.memory_map(str(path)).read_buffer()  # the remote reader maps its cached piece likewise
-        pf = pq.ParquetFile(path, metadata=meta)  # and opens one ParquetFile per shard
+        pieces = Pieces(meta, decode_image_index(meta.metadata, meta.num_rows, path), path.name)  # as the reader
+        fd = os.open(path, os.O_RDONLY)
         for group in range(meta.num_row_groups):
-            column = pf.read_row_group(group, ["image"]).column("image").to_pylist()
-            blobs = [row["bytes"] for row in column]
+            first, end = row_group_span(meta, group)
+            data = os.pread(fd, end - first, first)  # what the remote reader fetched and wrote
+            blobs = [row["bytes"] for row in pieces.read_row_group(fd, group, ["image"]).column("image").to_pylist()]
             started = time.thread_time()
-            verify_row_group(pf, piece, group, index, path.name)
+            pieces.verify(fd, group, data, first)
             verify += time.thread_time() - started
             started = time.thread_time()
             for blob in blobs:
@@ -386,6 +387,7 @@ def verify_cost(root: Path) -> tuple[int, float, float, float]:
                 decode_image(blob)
             decode += time.thread_time() - started
             images += len(blobs)
+        os.close(fd)
     return images, verify, sha, decode
 
 

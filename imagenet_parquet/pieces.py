@@ -4,13 +4,13 @@ bytes at the shard's own offsets, see remote.py).
 Opening a `pq.ParquetFile` costs the footer's Arrow schema every time (~5 ms for a 1000-class shard: more than
 hashing a row group's images), so `Pieces` opens one per shard and process, over `Bound`, a file object that
 reads whichever piece's descriptor is bound at the moment (under a lock). `verify_row_group` is the check every
-fetched row group passes before it enters the cache: each image against the row group's `sha256` column."""
+fetched row group passes before it enters the cache: each image (hashed in the fetched bytes, no copy) against the
+row group's `sha256` column."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -82,22 +82,20 @@ class Pieces:
         with self._bound(fd) as pf:
             return pf.read_row_group(group, columns=list(columns), use_threads=False)
 
-    def verify(self, fd: int, group: int) -> None:
-        """Corrupt unless row group `group` of the piece open at `fd` holds the images its sha256 column says."""
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        try:
-            with self._bound(fd) as pf:
-                verify_row_group(pf, pa.py_buffer(mapped), group, self.index, self.name)
-        finally:
-            with contextlib.suppress(BufferError):  # a view still held: closed when collected
-                mapped.close()
+    def verify(self, fd: int, group: int, data: bytes, first: int) -> None:
+        """Corrupt unless row group `group` of the piece open at `fd` (its bytes `data`, from offset `first`, just
+        written there) holds the images its sha256 column says."""
+        with self._bound(fd) as pf:
+            verify_row_group(pf, memoryview(data), first, group, self.index, self.name)
 
 
-def verify_row_group(pf: pq.ParquetFile, piece: pa.Buffer, group: int, index: np.ndarray | None, name: str) -> None:
-    """Corrupt unless every image of row group `group` (`piece`: the bytes `pf` reads, mapped) matches its
-    sha256. With the footer's byte index, the images are the slices it points at (their length prefixes
-    checked: what map-style reads and what the row group's PLAIN values hold) and only the small sha256 column
-    is parsed; without it, the image column is parsed. Zero-copy: the check costs about the hashing."""
+def verify_row_group(
+    pf: pq.ParquetFile, view: memoryview, base: int, group: int, index: np.ndarray | None, name: str
+) -> None:
+    """Corrupt unless every image of row group `group` of `pf` matches its sha256 (`view`: the row group's bytes,
+    from file offset `base`). With the footer's byte index, the images are the slices of `view` it points at
+    (their length prefixes checked: what map-style reads and what the row group's PLAIN values hold) and only
+    the small sha256 column is parsed; without it, the image column is parsed. No copy: it costs the hashing."""
     columns = [HASH_ALGORITHM] if index is not None else VERIFY_COLUMNS
     try:
         table = pf.read_row_group(group, columns, use_threads=False)
@@ -106,8 +104,8 @@ def verify_row_group(pf: pq.ParquetFile, piece: pa.Buffer, group: int, index: np
     hashes = table.column(HASH_ALGORITHM).to_pylist()
     images: Iterator[Any]
     if index is not None:
-        view, first = memoryview(piece), sum(pf.metadata.row_group(g).num_rows for g in range(group))
-        images = (_plain(view, index[first + row]) for row in range(len(hashes)))
+        first = sum(pf.metadata.row_group(g).num_rows for g in range(group))
+        images = (_plain(view, offset - base, size) for offset, size in index[first : first + len(hashes)].tolist())
     else:
         images = (value.as_buffer() for value in table.column("image").combine_chunks().field("bytes"))
     for row, (data, digest) in enumerate(zip(images, hashes, strict=True)):
@@ -115,9 +113,8 @@ def verify_row_group(pf: pq.ParquetFile, piece: pa.Buffer, group: int, index: np
             raise Corrupt(f"image {row} of row group {group} of {name} does not match its {HASH_ALGORITHM}")
 
 
-def _plain(view: memoryview, entry: np.ndarray) -> memoryview | None:
-    """The image value the byte index `entry` points at in `view`, when its 4-byte length prefix agrees."""
-    offset, size = int(entry[0]), int(entry[1])
+def _plain(view: memoryview, offset: int, size: int) -> memoryview | None:
+    """The `size`-byte image value at `offset` of `view`, when its 4-byte length prefix agrees."""
     if offset < 4 or offset + size > len(view) or int.from_bytes(view[offset - 4 : offset], "little") != size:
         return None
     return view[offset : offset + size]

@@ -163,8 +163,9 @@ class RemoteShards:
         url = self._url(file)
 
         def attempt() -> None:
-            self.cache.write(fd, self.fetcher.read(url, first, end), first)
-            self._verify(file, group, fd)
+            data = self.fetcher.read(url, first, end)
+            self.cache.write(fd, data, first)
+            self._pieces(file).verify(fd, group, data, first)
 
         try:
             self.fetcher.retry(url, f"row group {group} (bytes {first}-{end})", attempt)
@@ -173,9 +174,6 @@ class RemoteShards:
         except RemoteError:  # the footer may be the bad part (it has no hash of its own): the next start refetches it
             (self.cache_dir / self.entries[file][1] / "footer").unlink(missing_ok=True)
             raise
-
-    def _verify(self, file: int, group: int, fd: int) -> None:
-        self._pieces(file).verify(fd, group)
 
     def _pieces(self, file: int) -> Pieces:
         """This process's reader of `file`'s pieces (one ParquetFile per shard: its footer parsed once)."""

@@ -100,6 +100,11 @@ class _ShardedImages:
         split: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_gb: float = 20.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 15.0,
+        object_timeout: float = 45.0,
+        retries: int = 3,
+        retry_backoff: float = 0.5,
         **kwargs: Any,
     ) -> Self:
         """The shards of DVC-tracked `path` ("data/parquet/train", or "data/parquet" with `split`) in checkout
@@ -107,13 +112,20 @@ class _ShardedImages:
         (`pip install 'imagenet-parquet[remote]'`).
 
         `remote`: a remote name from .dvc/config (default: core.remote) or a URL (s3://, http(s)://, a directory).
-        Credentials come from the environment as for any fsspec/boto client. Row groups are fetched by range
-        requests when first read, by the process that reads them, into a local cache of at most `cache_gb`
-        (`cache_dir`, default ~/.cache/imagenet-parquet). `kwargs` go to the dataset (transform, seed, ...)."""
+        S3 credentials come from the environment as for any boto client; HTTP ones from the remote's DVC options
+        (`auth`, `user`, `password`, `custom_auth_header`; secrets in .dvc/config.local) or
+        IMAGENET_PARQUET_HTTP_USER / IMAGENET_PARQUET_HTTP_PASSWORD. Row groups are fetched by range requests
+        when first read, by the process that reads them, checked against their sha256 column, into a local cache
+        of at most `cache_gb` (`cache_dir`, default ~/.cache/imagenet-parquet). Every request: `connect_timeout`,
+        `read_timeout` (seconds without a byte), `retries` with exponential backoff from `retry_backoff` seconds,
+        all within `object_timeout` seconds per object (the defaults make a stalled server an error within a
+        minute). `kwargs` go to the dataset (transform, seed, ...)."""
+        from .fetch import Policy
         from .remote import open_dvc
 
+        policy = Policy(connect_timeout, read_timeout, object_timeout, retries, retry_backoff)
         target = f"{path.rstrip('/')}/{split}" if split else path
-        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb), **kwargs)
+        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb, policy), **kwargs)
 
     def __repr__(self) -> str:
         return (

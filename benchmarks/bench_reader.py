@@ -16,6 +16,11 @@ Issue 13 rows: "read_ahead=0" / "no batch WILLNEED" are the readers without read
 "remote (HTTP loopback)" trains with `ParquetIterableDataset.from_dvc` from a DVC-layout remote directory
 (files/md5/xx/..., written here like `dvc push` writes it) served by tests/helpers/range_files.py on 127.0.0.1,
 with an empty cache every run; its "first batch" column is from `from_dvc(...)` to the first batch.
+
+Issue 21 table ("integrity check vs decode", printed after the loaders; `--verify-only` prints only it): per image,
+the remote reader's check of each fetched row group (`imagenet_parquet.pieces.Pieces.verify`: parse the sha256
+column, hash every image where the byte index points in the fetched bytes) and sha256 alone, beside `decode_image`
+of the same images, in the same process and run; the target is a check under 5 % of decoding.
 """
 from __future__ import annotations
 
@@ -44,6 +49,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
+from imagenet_parquet.format import decode_image_index  # noqa: E402
+from imagenet_parquet.pieces import Pieces  # noqa: E402
+from imagenet_parquet.shards import row_group_span  # noqa: E402
 from tasks.common import write_json
 from tasks.common.params import load_project  # noqa: E402
 from tasks.convert.distribute import run_local  # noqa: E402
@@ -320,12 +328,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-baselines", action="store_true", help="skip the folder and ceiling loaders")
     parser.add_argument("--remote-mbps", type=float, default=0.0,
                         help="cap the loopback remote's rate per response (MB/s; 0 = no cap): a slow link")
+    parser.add_argument("--verify-only", action="store_true",
+                        help="only the integrity-check-vs-decode table (issue 21), no loader runs")
     parser.add_argument("--only", default="", help="run only loaders whose name contains one of these comma-separated "
                         "texts (+ the folder and ceiling baselines)")
     args = parser.parse_args(argv)
 
     args.work = args.work / f"{args.images}-images"
     folder, shards, resized, small = prepare(args)
+    if args.verify_only:
+        print_verify_cost({"passthrough": shards, "resized-256": resized}, args.rounds)
+        return
     checkout = dvc_remote(args.work, shards)
     server = subprocess.Popen([sys.executable, "-m", "tests.helpers.range_files", str(args.work / "remote"), "0",
                                str(args.remote_mbps)],
@@ -344,6 +357,52 @@ def main(argv: list[str] | None = None) -> None:
         server.terminate()
         server.wait()
     print_table(results)
+    print_verify_cost({"passthrough": shards, "resized-256": resized}, args.rounds)
+
+
+def verify_cost(root: Path) -> tuple[int, float, float, float]:
+    """(images, CPU seconds verifying every row group as the remote reader does, CPU seconds of sha256 alone,
+    CPU seconds decoding every image) over the shards under `root` (warm: all in the page cache). Interleaved
+    row group by row group, and this thread's CPU time (not wall time): other users' load moves all three alike."""
+    import hashlib
+
+    images, verify, sha, decode = 0, 0.0, 0.0, 0.0
+    for path in sorted(root.rglob("*.parquet")):
+        meta = pq.read_metadata(path)
+        pieces = Pieces(meta, decode_image_index(meta.metadata, meta.num_rows, path), path.name)  # as the reader
+        fd = os.open(path, os.O_RDONLY)
+        for group in range(meta.num_row_groups):
+            first, end = row_group_span(meta, group)
+            data = os.pread(fd, end - first, first)  # what the remote reader fetched and wrote
+            blobs = [row["bytes"] for row in pieces.read_row_group(fd, group, ["image"]).column("image").to_pylist()]
+            started = time.thread_time()
+            pieces.verify(fd, group, data, first)
+            verify += time.thread_time() - started
+            started = time.thread_time()
+            for blob in blobs:
+                hashlib.sha256(blob).hexdigest()
+            sha += time.thread_time() - started
+            started = time.thread_time()
+            for blob in blobs:
+                decode_image(blob)
+            decode += time.thread_time() - started
+            images += len(blobs)
+        os.close(fd)
+    return images, verify, sha, decode
+
+
+def print_verify_cost(roots: dict[str, Path], rounds: int) -> None:
+    """The integrity check per image beside decoding per image: CPU µs, the median of `rounds` rounds."""
+    print("\n| shards | images | verify CPU µs/img (row-group check) | sha256 CPU µs/img | decode CPU µs/img "
+          "| verify / decode | sha256 / decode |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, root in roots.items():
+        runs = [verify_cost(root) for _ in range(max(1, rounds))]
+        images = runs[0][0]
+        verify, sha, decode = (float(np.median([r[k] for r in runs])) / images * 1e6 for k in (1, 2, 3))
+        ratio = float(np.median([r[1] / r[3] for r in runs]))
+        print(f"| {name} | {images} | {verify:.1f} | {sha:.1f} | {decode:.0f} | {100 * ratio:.2f} % | "
+              f"{100 * sha / decode:.2f} % |")
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path, Path]:

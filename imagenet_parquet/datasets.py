@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .format import class_ids, read_label_map
-from .partition import Position, epoch_order, rank_count, rank_positions, worker_chunks
+from .partition import Position, epoch_order, rank_positions, worker_positions
 from .readahead import read_ahead
 from .resume import Resumable
 from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
@@ -55,21 +55,6 @@ def _worker() -> tuple[int, int]:
         return 0, 1
     info = get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit rank/world_size, else torch.distributed's when initialised, else (0, 1)."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    if rank is not None or world_size is not None:
-        raise ValueError(f"rank and world_size: expected both or neither, found rank={rank}, world_size={world_size}")
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class _ShardedImages:
@@ -115,6 +100,11 @@ class _ShardedImages:
         split: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_gb: float = 20.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 15.0,
+        object_timeout: float = 45.0,
+        retries: int = 3,
+        retry_backoff: float = 0.5,
         **kwargs: Any,
     ) -> Self:
         """The shards of DVC-tracked `path` ("data/parquet/train", or "data/parquet" with `split`) in checkout
@@ -122,13 +112,20 @@ class _ShardedImages:
         (`pip install 'imagenet-parquet[remote]'`).
 
         `remote`: a remote name from .dvc/config (default: core.remote) or a URL (s3://, http(s)://, a directory).
-        Credentials come from the environment as for any fsspec/boto client. Row groups are fetched by range
-        requests when first read, by the process that reads them, into a local cache of at most `cache_gb`
-        (`cache_dir`, default ~/.cache/imagenet-parquet). `kwargs` go to the dataset (transform, seed, ...)."""
+        S3 credentials come from the environment as for any boto client; HTTP ones from the remote's DVC options
+        (`auth`, `user`, `password`, `custom_auth_header`; secrets in .dvc/config.local) or
+        IMAGENET_PARQUET_HTTP_USER / IMAGENET_PARQUET_HTTP_PASSWORD. Row groups are fetched by range requests
+        when first read, by the process that reads them, checked against their sha256 column, into a local cache
+        of at most `cache_gb` (`cache_dir`, default ~/.cache/imagenet-parquet). Every request: `connect_timeout`,
+        `read_timeout` (seconds without a byte), `retries` with exponential backoff from `retry_backoff` seconds,
+        all within `object_timeout` seconds per object (the defaults make a stalled server an error within a
+        minute). `kwargs` go to the dataset (transform, seed, ...)."""
+        from .fetch import Policy
         from .remote import open_dvc
 
+        policy = Policy(connect_timeout, read_timeout, object_timeout, retries, retry_backoff)
         target = f"{path.rstrip('/')}/{split}" if split else path
-        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb), **kwargs)
+        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb, policy), **kwargs)
 
     def __repr__(self) -> str:
         return (
@@ -290,21 +287,8 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         if shuffle_buffer is not None:
             window = max(1, round(shuffle_buffer * len(self.index.rows) / max(1, len(self.index))))
         self.read_ahead, self.batch_size = read_ahead, batch_size
-        self.shuffle, self.window, self.seed, self.epoch = shuffle, window, seed, 0
+        self._init_order(shuffle, window, seed, rank, world_size, uneven)
         self._reader.cache_size = max(1, window)  # shards without the byte index: a window's row groups
-        self.rank, self.world_size = _distributed(rank, world_size)
-        self.uneven = uneven
-        self._resume: Position | None = None
-        self._pass: tuple[Position, int, int] | None = None
-        epoch_order(self.index.starts[:1], seed, 0, shuffle, window)  # validate early
-        rank_count(len(self.index), 0, self.rank, self.world_size, uneven)
-
-    def __len__(self) -> int:
-        """Rows this rank yields per epoch (over all its DataLoader workers)."""
-        return rank_count(len(self.index), 0, self.rank, self.world_size, self.uneven)
-
-    def _total(self) -> int:
-        return len(self.index)
 
     def _topology(self) -> tuple[int, int, int]:
         return self.world_size, _worker()[1], self.batch_size or 1
@@ -331,32 +315,18 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         start, local, count = self._begin()
         order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
         positions = rank_positions(len(self.index), start.origin, self.rank, self.world_size, self.uneven)
-        chunks = worker_chunks(count, self.batch_size or 1, worker, workers, local)
-        pieces = [(a, min(a + 64, b)) for lo, b in _merged(chunks) for a in range(lo, b, 64)]
+        mine = worker_positions(count, self.batch_size or 1, worker, workers, local)
+        pieces = [mine[k : k + 64] for k in range(0, len(mine), 64)]  # this worker's next 64 positions each
 
-        def rows(piece: tuple[int, int]) -> list[int]:
-            return [int(i) for i in order[positions[piece[0] : piece[1]]]]
+        def hint(ahead: Sequence[np.ndarray]) -> None:
+            self._willneed([int(i) for piece in ahead for i in order[positions[piece]]])
 
-        def hint(ahead: Sequence[tuple[int, int]]) -> None:
-            self._willneed([i for piece in ahead for i in rows(piece)])
-
-        def load(piece: tuple[int, int]) -> list[tuple[bytes, int]]:
-            return [self._read_row(i) for i in rows(piece)]
+        def load(piece: np.ndarray) -> list[tuple[bytes, int]]:
+            return [self._read_row(int(i)) for i in order[positions[piece]]]
 
         loads = read_ahead(pieces, load, self.read_ahead, hint, self.read_ahead + 2)
-        for (a, _), loaded in zip(pieces, loads, strict=True):
-            for offset, row in enumerate(loaded):
-                self._advance(a + offset + 1)  # before the yield: a snapshot taken after it counts this row
+        for piece, loaded in zip(pieces, loads, strict=True):
+            for done, row in zip(piece.tolist(), loaded, strict=True):
+                self._advance(done + 1)  # before the yield: a snapshot taken after it counts this row
                 yield row
         self._resume = None  # this pass is done: a next pass over the epoch starts at its beginning
-
-
-def _merged(chunks: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Adjacent [a, b) ranges joined (one worker: its chunks are contiguous)."""
-    merged: list[tuple[int, int]] = []
-    for a, b in chunks:
-        if merged and merged[-1][1] == a:
-            merged[-1] = (merged[-1][0], b)
-        else:
-            merged.append((a, b))
-    return merged

@@ -9,8 +9,15 @@ from PIL import Image
 Size = int | tuple[int, int]
 
 
-def decode_image(data: bytes, mode: str = "RGB", draft_size: Size | None = None) -> Image.Image:
+def decode_image(
+    data: bytes, mode: str = "RGB", draft_size: Size | None = None, max_pixels: int | None = None
+) -> Image.Image:
     """Decode image bytes like torchvision's PIL loader (`Image.open(...).convert("RGB")`).
+
+    `max_pixels` bounds the pixels decoded (after draft scaling), read from the header before any pixel is
+    allocated: a larger image raises `PIL.Image.DecompressionBombError` naming both sizes, never a 432 MB
+    allocation for a 12000x12000 header. None: Pillow's `Image.MAX_IMAGE_PIXELS` (89,478,485, which Pillow itself
+    only warns about), unbounded only when that is None too.
 
     With `draft_size` (an int = shorter side, or (width, height)) a JPEG is decoded at the smallest of the
     1/1, 1/2, 1/4, 1/8 scales that still keeps the image at least that large (Pillow's `Image.draft`), which is
@@ -20,7 +27,17 @@ def decode_image(data: bytes, mode: str = "RGB", draft_size: Size | None = None)
     img = Image.open(io.BytesIO(data))
     if draft_size is not None and img.format == "JPEG":
         img.draft(mode, _draft_box(img.size, draft_size))
+    _check_pixels(img.size, Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
     return img.convert(mode) if img.mode != mode else _loaded(img)
+
+
+def _check_pixels(size: tuple[int, int], limit: int | None) -> None:
+    width, height = size
+    if limit is not None and width * height > limit:
+        raise Image.DecompressionBombError(
+            f"image of {width}x{height} = {width * height:,} pixels to decode, more than max_pixels={limit:,} "
+            "(a decompression bomb?); pass a draft_size to decode it smaller, or a larger max_pixels if it is real"
+        )
 
 
 def _loaded(img: Image.Image) -> Image.Image:

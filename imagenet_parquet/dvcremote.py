@@ -4,18 +4,35 @@ Reads `dvc.lock` (PyYAML, the `remote` extra) and `.dvc/config` (+ the git-ignor
 checkout, at `rev` through `git show` when given; finds the out that holds `path` (its `<md5>.dir`), fetches that
 `.dir` object (a JSON list of {"md5", "relpath"}) from the remote and keeps the `*.parquet` entries under `path`.
 Remote layout: DVC 3 stores content at `<url>/files/md5/<2 hex>/<30 hex>` (DVC 2: `<url>/<2>/<30>`, tried next).
-Only the listing is trusted for names: nothing here depends on how the shard files are named."""
+Only the listing is trusted for names (nothing here depends on how the shard files are named), and only once it
+matches the md5 dvc.lock gives it; every object name in it must be 32 hex digits (it becomes a cache directory).
+HTTP credentials follow DVC's remote options (`auth = basic | custom`, `user`, `password`, `custom_auth_header`;
+secrets belong in `.dvc/config.local`) or IMAGENET_PARQUET_HTTP_USER / IMAGENET_PARQUET_HTTP_PASSWORD, or a URL's
+`user:password@`: they are kept out of the URL, of every message and of `repr(Remote)`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from .fetch import Fetcher
 
 _CREDENTIAL_KEYS = {"access_key_id": "key", "secret_access_key": "secret", "session_token": "token"}
+_MD5 = re.compile(r"[0-9a-f]{32}")
+ENV_USER, ENV_PASSWORD = "IMAGENET_PARQUET_HTTP_USER", "IMAGENET_PARQUET_HTTP_PASSWORD"
+AUTH_HELP = (
+    "check `auth`, `user` and `password` (or `custom_auth_header`) of the remote in .dvc/config and "
+    f".dvc/config.local (`dvc remote modify --local NAME password ...`), or set {ENV_USER} / {ENV_PASSWORD}"
+)
+LISTING_LIMIT = 256 << 20  # a .dir listing larger than this is not a listing (ImageNet's: ~100 KB)
 
 
 class RemoteError(ValueError):
@@ -28,6 +45,25 @@ class Remote:
 
     url: str
     options: dict[str, Any] = field(default_factory=dict, repr=False)
+    user: str | None = None  # shown as `user:***@` in messages (the URL itself carries no credentials)
+
+    def shown(self, url: str) -> str:
+        """`url` as messages show it: `user:***@` where the remote has a user, never a password."""
+        url = redact(url)
+        if self.user and "://" in url and "@" not in url.split("://", 1)[1].split("/", 1)[0]:
+            scheme, rest = url.split("://", 1)
+            url = f"{scheme}://{self.user}:***@{rest}"
+        return url
+
+    def scrub(self, text: str) -> str:
+        """`text` with every secret of this remote replaced by ***."""
+        text = redact(text)
+        auth = self.options.get("auth")
+        secrets = [auth[2]] if auth else []
+        secrets += [str(self.options[k]) for k in ("secret", "token") if self.options.get(k)]
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text
 
     @property
     def protocol(self) -> str:
@@ -49,7 +85,13 @@ def read_project_file(repo: Path, name: str, rev: str | None) -> str | None:
     if rev is None:
         path = repo / name
         return path.read_text(encoding="utf-8") if path.is_file() else None
-    out = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{name}"], capture_output=True, text=True)
+    if not rev or rev.startswith("-") or any(c.isspace() or c == ":" for c in rev):
+        raise RemoteError(
+            f"rev: expected a git revision (a commit, branch or tag), found {rev!r}; a revision never starts "
+            "with '-' nor holds spaces or ':'"
+        )
+    cmd = ["git", "-C", str(repo), "show", "--end-of-options", f"{rev}:{name}"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     return out.stdout if out.returncode == 0 else None
 
 
@@ -70,7 +112,9 @@ def lock_out(repo: Path, path: str, rev: str | None) -> tuple[str, str]:
     for out in outs:
         root = PurePosixPath(out["path"])
         if (target == root or root in target.parents) and out.get("md5"):
-            return str(root), str(out["md5"])
+            md5 = str(out["md5"])
+            check_md5(md5.removesuffix(".dir"), f"{repo}/dvc.lock", out["path"])
+            return str(root), md5
     raise RemoteError(
         f"{repo}/dvc.lock: expected an out holding {path!r}, found outs "
         f"{sorted(o['path'] for o in outs)}; pass a path under one of them"
@@ -98,7 +142,7 @@ def parse_config(text: str) -> dict[str, dict[str, str]]:
 def find_remote(repo: Path, rev: str | None, name: str | None) -> Remote:
     """The remote `name` (default: core.remote) from .dvc/config + .dvc/config.local; a URL is used as is."""
     if name and ("://" in name or name.startswith("/")):
-        return Remote(name)
+        return _remote(name, {}, None)
     config: dict[str, dict[str, str]] = {}
     for file, at in ((".dvc/config", rev), (".dvc/config.local", None)):  # config.local is never committed
         for title, values in parse_config(read_project_file(repo, file, at) or "").items():
@@ -114,7 +158,42 @@ def find_remote(repo: Path, rev: str | None, name: str | None) -> Remote:
     url = section["url"]
     if "://" not in url and not os.path.isabs(url):  # DVC resolves local remotes against the config's directory
         url = str((repo / ".dvc" / url).resolve())
-    return Remote(url, _options(url, section))
+    return _remote(url, section, name)
+
+
+def _remote(url: str, section: dict[str, str], name: str | None) -> Remote:
+    """The Remote of `url` (credentials moved out of it) and its config `section`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return Remote(url, _options(url, section))
+    section = dict(section)
+    if parts.username is not None:
+        section.setdefault("user", unquote(parts.username))
+        if parts.password is not None:
+            section.setdefault("password", unquote(parts.password))
+        section.setdefault("auth", "basic")
+        url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    auth = _http_auth(section, name)
+    return Remote(url, {"auth": auth} if auth else {}, section.get("user") if auth and auth[0] == "basic" else None)
+
+
+def _http_auth(section: dict[str, str], name: str | None) -> tuple[str, str, str] | None:
+    """("basic", user, password) or ("custom", header, password) as DVC's HTTP remote reads them; None: none."""
+    method = section.get("auth")
+    if not method:
+        return None
+    user = section.get("user") or os.environ.get(ENV_USER)
+    password = section.get("password") or os.environ.get(ENV_PASSWORD)
+    where = f"remote {name or '(a URL)'}"
+    header = section.get("custom_auth_header")
+    if method == "basic" and user and password:
+        return ("basic", user, password)
+    if method == "custom" and header and password:
+        return ("custom", header, password)
+    if method in ("basic", "custom"):
+        need = "`user` and `password`" if method == "basic" else "`custom_auth_header` and `password`"
+        raise RemoteError(f"{where}: expected {need} for auth = {method}, found some missing; {AUTH_HELP}")
+    raise RemoteError(f"{where}: expected auth = basic or custom (DVC's HTTP remote), found {method!r}")
 
 
 def _options(url: str, section: dict[str, str]) -> dict[str, Any]:
@@ -132,27 +211,62 @@ def _options(url: str, section: dict[str, str]) -> dict[str, Any]:
     return options
 
 
-def fetch_object(remote: Remote, fs: Any, md5: str) -> bytes:
-    """The bytes of content `md5` in the remote."""
+def redact(text: str) -> str:
+    """`text` with the password of any `scheme://user:password@` replaced by ***."""
+    return re.sub(r"(://[^/\s:@]*):[^/\s@]*@", r"\1:***@", text)
+
+
+def check_md5(value: str, where: str, what: str) -> str:
+    """`value`, when it is an md5 (32 hex digits: an object name, a cache directory); else a RemoteError."""
+    if not _MD5.fullmatch(str(value)):
+        raise RemoteError(
+            f"{where}: expected 32 hex digits as the md5 of {what!r}, found {value!r}; the listing was "
+            "altered — run `dvc push` again from a checkout you trust"
+        )
+    return value
+
+
+def fetch_listing(fetcher: Fetcher, md5: str) -> bytes:
+    """The `.dir` object `md5` (bounded by LISTING_LIMIT), checked against that md5."""
+    remote = fetcher.remote
     for url in remote.object_urls(md5):
         try:
-            return bytes(fs.cat_file(url))
+            return _read_listing(fetcher, url, md5.removesuffix(".dir"))
         except FileNotFoundError:
             continue
     raise RemoteError(
-        f"{remote.url}: expected object {md5} (files/md5/{md5[:2]}/{md5[2:]}), found none; "
+        f"{remote.shown(remote.url)}: expected object {md5} (files/md5/{md5[:2]}/{md5[2:]}), found none; "
         "run `dvc push` in the project, or pass the remote that holds it"
     )
 
 
-def list_shards(remote: Remote, fs: Any, out: str, md5: str, path: str) -> list[tuple[str, str]]:
+def _read_listing(fetcher: Fetcher, url: str, md5: str) -> bytes:
+    size, shown = fetcher.size(url), fetcher.remote.shown(url)
+    if size > LISTING_LIMIT:
+        raise RemoteError(f"{shown}: expected a .dir listing, found {size} bytes; run `dvc push` again")
+    data = fetcher.retry(url, "the listing", lambda: fetcher.read(url, 0, size))
+    found = hashlib.md5(data).hexdigest()
+    if found != md5:
+        raise RemoteError(
+            f"{shown}: expected the listing to have md5 {md5} (dvc.lock), found {found}; the remote holds other "
+            "bytes under that name — run `dvc push` again, or pass the remote that holds this version"
+        )
+    return data
+
+
+def list_shards(fetcher: Fetcher, out: str, md5: str, path: str) -> list[tuple[str, str]]:
     """[(name, md5)] of the `*.parquet` files directly in `path` (as find_shards globs a local directory),
     sorted by name."""
     if not md5.endswith(".dir"):
         return [(PurePosixPath(out).name, md5)] if out.endswith(".parquet") else []
-    data = fetch_object(remote, fs, md5)
+    where = fetcher.remote.shown(fetcher.remote.object_urls(md5)[0])
+    data = fetch_listing(fetcher, md5)
+    try:
+        entries = json.loads(data)
+        pairs = [(str(e["relpath"]), e["md5"]) for e in entries]
+    except (ValueError, TypeError, KeyError) as err:
+        raise RemoteError(f"{where}: expected a JSON list of {{md5, relpath}}, found: {err}") from None
     sub = str(PurePosixPath(path).relative_to(out))
     prefix = "" if sub == "." else sub.rstrip("/") + "/"
-    entries = json.loads(data)
-    names = [(e["relpath"][len(prefix) :], e["md5"]) for e in entries if e["relpath"].startswith(prefix)]
-    return sorted((name, md5) for name, md5 in names if "/" not in name and name.endswith(".parquet"))
+    names = [(rel[len(prefix) :], check_md5(obj, where, rel)) for rel, obj in pairs if rel.startswith(prefix)]
+    return sorted((name, obj) for name, obj in names if "/" not in name and name.endswith(".parquet"))

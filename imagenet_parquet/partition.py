@@ -8,7 +8,7 @@ row groups: the reads stay local; shards written in hashed order make every row 
 Ranks interleave (`rank_positions`): rank r of W yields positions origin + m·W + r, m = 0, 1, ... So a global
 batch of G = B·W images — rank r's batch t holds its positions [t·B, (t+1)·B) — is positions
 [origin + t·G, origin + (t+1)·G) of the epoch order whatever W (dividing G) is: global step t holds the same G
-images on 1, 2 or 8 GPUs. DataLoader workers take a rank's positions in chunks of `chunk` (`worker_chunks`,
+images on 1, 2 or 8 GPUs. DataLoader workers take a rank's positions in chunks of `chunk` (`worker_positions`,
 round-robin, as the DataLoader takes batches from its workers in turn): with chunk = the loader's batch size the
 rank's batches come out in position order, whatever the number of workers.
 
@@ -43,8 +43,7 @@ def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
 def epoch_order(starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, window: int = 4) -> np.ndarray:
     """Every row index once (row group u holds rows starts[u]..starts[u+1]-1): row groups in `unit_order`, rows
     shuffled inside each window of `window` consecutive row groups of that order. A function of (seed, epoch)."""
-    if window < 1:
-        raise ValueError(f"window: expected >= 1 row groups, found {window}")
+    check_window(window)
     starts = np.asarray(starts, dtype=np.int64)
     if not shuffle:
         return np.arange(int(starts[-1]), dtype=np.int64)
@@ -56,6 +55,11 @@ def epoch_order(starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True,
     for a, b in itertools.pairwise(bounds):
         rng.shuffle(rows[a:b])
     return rows
+
+
+def check_window(window: int) -> None:
+    if window < 1:
+        raise ValueError(f"window: expected >= 1 row groups, found {window}")
 
 
 def check_topology(rank: int, world_size: int, uneven: str) -> None:
@@ -82,19 +86,15 @@ def rank_positions(total: int, origin: int, rank: int, world_size: int, uneven: 
     return positions % total if uneven == "pad" and total else positions
 
 
-def worker_chunks(count: int, chunk: int, worker: int, workers: int, done: int = 0) -> list[tuple[int, int]]:
-    """[a, b) ranges of a rank's `count` positions that DataLoader worker `worker` of `workers` yields: chunks
-    t ≡ worker (mod workers) of `chunk` positions, in order, leaving out the positions before `done` (a resumed
-    worker continues inside its own chunk, or at its next one)."""
+def worker_positions(count: int, chunk: int, worker: int, workers: int, done: int = 0) -> np.ndarray:
+    """The indices into a rank's `count` positions that DataLoader worker `worker` of `workers` yields, in order:
+    chunks t ≡ worker (mod workers) of `chunk` positions, leaving out those before `done` (a resumed worker
+    continues inside its own chunk, or at its next one)."""
     if chunk < 1:
         raise ValueError(f"batch_size: expected >= 1, found {chunk}")
-    first = done // chunk
-    first += (worker - first) % workers
-    return [
-        (max(t * chunk, done), min((t + 1) * chunk, count))
-        for t in range(first, -(-count // chunk), workers)
-        if max(t * chunk, done) < min((t + 1) * chunk, count)
-    ]
+    local = np.arange(min(done, count), count, dtype=np.int64)
+    mine: np.ndarray = local[(local // chunk) % workers == worker]
+    return mine
 
 
 @dataclass(frozen=True)

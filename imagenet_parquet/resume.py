@@ -12,22 +12,47 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .partition import Position, rank_count
+from .partition import Position, check_window, rank_count
+from .shards import ShardIndex
+
+
+def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit rank/world_size, else torch.distributed's when initialised, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if rank is not None or world_size is not None:
+        raise ValueError(f"rank and world_size: expected both or neither, found rank={rank}, world_size={world_size}")
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0, 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class Resumable:
-    """State shared by RowGroupSampler and ParquetIterableDataset (each sets the attributes used here)."""
+    """The epoch order's settings and state, shared by RowGroupSampler and ParquetIterableDataset."""
 
-    seed: int
-    epoch: int
-    rank: int
-    world_size: int
-    uneven: str
-    _resume: Position | None
-    _pass: tuple[Position, int, int] | None  # (where this pass started, rank positions consumed, rank's count)
+    index: ShardIndex
+
+    def _init_order(
+        self, shuffle: bool, window: int, seed: int, rank: int | None, world_size: int | None, uneven: str
+    ) -> None:
+        check_window(window)
+        self.shuffle, self.window, self.seed, self.epoch = shuffle, window, seed, 0
+        self.rank, self.world_size = distributed(rank, world_size)
+        self.uneven = uneven
+        self._resume: Position | None = None
+        self._pass: tuple[Position, int, int] | None = None  # (this pass's start, rank positions consumed, count)
+        rank_count(len(self.index), 0, self.rank, self.world_size, uneven)  # validate early
+
+    def __len__(self) -> int:
+        """Rows this rank yields per epoch (over all its DataLoader workers)."""
+        return rank_count(len(self.index), 0, self.rank, self.world_size, self.uneven)
 
     def _total(self) -> int:
-        raise NotImplementedError
+        return len(self.index)
 
     def _topology(self) -> tuple[int, int, int]:
         raise NotImplementedError

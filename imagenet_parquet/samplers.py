@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .partition import Position, epoch_order, rank_count, rank_positions
+from .partition import epoch_order, rank_positions
 from .resume import Resumable
 
 if TYPE_CHECKING:
@@ -46,21 +46,8 @@ class RowGroupSampler(Resumable, _SamplerBase):
         world_size: int | None = None,
         uneven: str = "keep",
     ):
-        from .datasets import _distributed
-
-        self.index, self.shuffle, self.window, self.seed, self.epoch = dataset.index, shuffle, window, seed, 0
-        self.rank, self.world_size = _distributed(rank, world_size)
-        self.uneven = uneven
-        self._resume: Position | None = None
-        self._pass: tuple[Position, int, int] | None = None
-        epoch_order(self.index.starts[:1], seed, 0, shuffle, window)  # validate early
-        rank_count(len(self.index), 0, self.rank, self.world_size, uneven)
-
-    def __len__(self) -> int:
-        return rank_count(len(self.index), 0, self.rank, self.world_size, self.uneven)
-
-    def _total(self) -> int:
-        return len(self.index)
+        self.index = dataset.index
+        self._init_order(shuffle, window, seed, rank, world_size, uneven)
 
     def _topology(self) -> tuple[int, int, int]:
         return self.world_size, 1, 1

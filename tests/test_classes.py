@@ -220,3 +220,60 @@ def test_the_readme_holdout_example_through_dvc_repro(tmp_path, prefect_api):
     assert labelled == reference
     report = json.loads((repo / "data/reports/schema_report.json").read_text())
     assert all(check["status"] != "fail" for check in report["checks"]), report["checks"]
+
+
+# ---------------------------------------------------------------- main's curation checks (issue 21) with folder names
+def _curated(root: Path, exclude: str = "", relabel: str = "") -> curate.Curation:
+    (root / "exclude.csv").write_text("split,wnid,name,reason\n" + exclude, encoding="utf-8")
+    (root / "relabel.csv").write_text("split,wnid,name,new_wnid,reason\n" + relabel, encoding="utf-8")
+    return curate.read_curation(root / "exclude.csv", root / "relabel.csv")
+
+
+@pytest.mark.parametrize("exclude, relabel, line, found", [
+    ("val,café,v1.jpg,blurry\n", "", "exclude.csv:2", "expected class café left with images in val"),
+    ("", "val,café,v1.jpg,has space,wrong\n", "relabel.csv:2", "expected class café left with images in val"),
+    ("", "val,has space,v2.jpg,new name,wrong\n", "relabel.csv:2",
+     "expected new_wnid a class that train has too, found 'new name', which only relabel lines bring into val"),
+])
+def test_curation_lines_unbalancing_folder_named_classes_name_the_line(tmp_path, exclude, relabel, line, found):
+    tree = tmp_path / "tree"
+    make_tree(tree, {"train": {"café": ["t1.jpg"], "has space": ["t2.jpg"]},
+                     "val": {"café": ["v1.jpg"], "has space": ["v2.jpg", "v3.jpg"]}})
+    with pytest.raises(PipelineError) as err:
+        run_folder(tree, tmp_path / "out", curation=_curated(tmp_path, exclude, relabel))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}/{line}: ") and found in message, message
+    assert "tree/" not in message and not (tmp_path / "out/manifests").exists()
+
+
+def test_a_relabel_by_folder_name_outside_the_subset_is_refused(tmp_path):
+    tree = tmp_path / "tree"
+    make_tree(tree, {split: {name: [f"{split}{name}.jpg"] for name in ("a b", "c", "é")} for split in ("train", "val")})
+    (tmp_path / "classes.txt").write_text("a b\nc\n")
+    with pytest.raises(PipelineError) as err:
+        run_folder(tree, tmp_path / "out", classes=str(tmp_path / "classes.txt"),
+                   curation=_curated(tmp_path, "", "train,c,trainc.jpg,é,wrong\n"))
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class extract.classes keeps")
+    assert "found 'é', not in the subset" in message and not (tmp_path / "out/manifests").exists()
+
+
+def test_with_a_holdout_curation_may_leave_val_without_a_class(tmp_path):
+    _holdout_tree(tmp_path / "tree", 20, classes=2)
+    _, splits = _held_out(tmp_path / "p0", tmp_path / "tree")
+    held = sorted(name for name, split in splits.items() if split == "val" and name.startswith("img0_"))
+    assert held  # val holds images of class 0: exclude them all
+    lines = "".join(f"val,class 0,{name},blurry\n" for name in held)
+    (tmp_path / "p1").mkdir()
+    (tmp_path / "p1/curation").mkdir()
+    (tmp_path / "p1/curation/exclude.csv").write_text("split,wnid,name,reason\n" + lines)
+    setup = project(tmp_path / "p1", extract={"mode": "folder", "folder": str(tmp_path / "tree"),
+                                              "holdout": {"fraction": 0.3, "seed": 0}},
+                    curate={"exclude": "curation/exclude.csv", "relabel": None})
+    job = extract.job_from_params(setup)
+    for split in extract.SPLITS:
+        extract.scan_split(job, split)
+    report = extract.finalize_job(job)
+    assert report["num_classes"] == 2 and report["curation"]["exclude"]["val"]["lines"] == len(held)
+    val = pq.read_table(job.manifests / "val.parquet").column("wnid").to_pylist()
+    assert val and set(val) == {"class 1"}

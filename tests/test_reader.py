@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image
-from imagenet_parquet.partition import epoch_order, rank_count, rank_positions, worker_chunks
+from imagenet_parquet.partition import epoch_order, rank_count, rank_positions, worker_positions
 from tests.helpers.datasets import write_shards
 from tests.helpers.images import identify, indexed_jpeg
 from tests.helpers.project import REPO
@@ -103,7 +103,8 @@ def test_partition_covers_every_row_once():
     total = int(starts[-1])
     order = epoch_order(starts, seed=3, epoch=1, window=2)
     assert sorted(order.tolist()) == list(range(total)) and order.tolist() != list(range(total))
-    assert order.tolist() == epoch_order(starts, 3, 1, window=2).tolist() != epoch_order(starts, 3, 2, window=2).tolist()
+    again, other = epoch_order(starts, 3, 1, window=2), epoch_order(starts, 3, 2, window=2)
+    assert order.tolist() == again.tolist() != other.tolist()
     for world in (1, 2, 3, 5, 40):
         for workers in (1, 2, 3):
             for chunk, origin in ((1, 0), (4, 0), (3, 7)):
@@ -112,8 +113,7 @@ def test_partition_covers_every_row_once():
                     positions = rank_positions(total, origin, rank, world)
                     assert len(positions) == rank_count(total, origin, rank, world)
                     for w in range(workers):
-                        for a, b in worker_chunks(len(positions), chunk, w, workers):
-                            seen += positions[a:b].tolist()
+                        seen += positions[worker_positions(len(positions), chunk, w, workers)].tolist()
                 assert sorted(seen) == list(range(origin, total)), (world, workers, chunk, origin)
     with pytest.raises(ValueError, match="uneven"):
         rank_positions(10, 0, 0, 2, "even")
@@ -237,8 +237,10 @@ def test_memory_flat_over_a_dataset_larger_than_the_cache(tmp_path):
         rss.append(_rss())
     assert max(peaks) < 4 * group_bytes + 20 * data_bytes / 400 + 1e6  # cache + one read + buffer, not the data
     # 1/6, not 1/10, since issue 13: the iterable's background reader reads while this thread samples, so a read
-    # in flight (its raw and decoded buffers) is now seen next to the map-style cache; the bound above is the same
-    assert data_bytes > 7e6 and max(peaks) < data_bytes / 6
+    # in flight (its raw and decoded buffers) is now seen next to the map-style cache; 1/5 since issue 20: these
+    # shards have no byte index, so the iterable keeps its shuffle window's row groups (2 here) cached as the
+    # map-style dataset does; the bound above is the same
+    assert data_bytes > 7e6 and max(peaks) < data_bytes / 5
     assert rss[-1] - rss[0] < data_bytes / 4, rss  # four passes over 8 MB: no growth beyond noise
 
 

@@ -104,8 +104,8 @@ def remote_size(source: str, opts: FetchOptions) -> int | None:
 def _http_error(url: str, resp: requests.Response) -> PipelineError:
     return PipelineError(
         f"{redact(url)}: expected the archive, found HTTP {resp.status_code} ({resp.reason}). "
-        "Check download.source / the per-archive URL in params.yaml, and the credentials "
-        "(netrc, or user:password in the URL) if the server needs them."
+        "Check download.source / the per-archive URL in params.yaml, and, if the server needs credentials, "
+        "~/.netrc (`machine <host> login <user> password <secret>`; params.yaml refuses them in the URL)."
     )
 
 

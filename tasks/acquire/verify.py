@@ -19,19 +19,24 @@ from typing import Any
 from tasks.acquire.md5state import archive_md5, forget_md5, prescan_dir
 from tasks.acquire.sample import MD5_TABLE
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
+from tasks.common.files import UnfitFile, read_small_text
 from tasks.common.params import resolve_path
 
 OFFICIAL_TABLE = DATA_DIR / "official_md5.tsv"
 
 
+MAX_TABLE_BYTES = 1 << 20  # an MD5 table holds a handful of lines (the official one: 3)
+
+
 def read_md5_table(path: Path) -> dict[str, str]:
-    """A `name<TAB>md5` table with a header line."""
+    """A `name<TAB>md5` table with a header line (a regular file of at most MAX_TABLE_BYTES)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
+        lines = read_small_text(path, MAX_TABLE_BYTES).splitlines()
+    except (OSError, UnfitFile) as err:
+        found = "no such file" if isinstance(err, FileNotFoundError) else str(err)
         raise PipelineError(
-            f"{path}: expected an MD5 table (name<TAB>md5), found no such file. Set "
-            "verify.checksums to auto, official, sample or an existing table."
+            f"{path}: expected an MD5 table (name<TAB>md5, a regular file of at most {MAX_TABLE_BYTES:,} bytes), "
+            f"found {found}. Set verify.checksums to auto, official, sample or an existing table."
         ) from None
     rows = [line.split("\t") for line in lines[1:] if line.strip()]
     if lines[:1] != ["name\tmd5"] or any(len(r) != 2 or len(r[1]) != 32 for r in rows):

@@ -4,7 +4,17 @@ Stage packages (`tasks.acquire`, `tasks.extract`, `tasks.convert`, `tasks.valida
 this package and `imagenet_parquet.format`, never each other."""
 
 from tasks.common.errors import PipelineError
-from tasks.common.files import atomic_path, dumps_json, write_json, write_text
+from tasks.common.files import atomic_path, disk_errors, dumps_json, write_json, write_text
 from tasks.common.layout import ARCHIVES, DATA_DIR, SPLITS
 
-__all__ = ["ARCHIVES", "DATA_DIR", "SPLITS", "PipelineError", "atomic_path", "dumps_json", "write_json", "write_text"]
+__all__ = [
+    "ARCHIVES",
+    "DATA_DIR",
+    "SPLITS",
+    "PipelineError",
+    "atomic_path",
+    "disk_errors",
+    "dumps_json",
+    "write_json",
+    "write_text",
+]

@@ -16,10 +16,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -33,6 +33,7 @@ from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
 from tasks.common.errors import PipelineError
+from tasks.common.param_rules import in_project, secrets_in
 
 SPEED_ONLY: JsonDict = {"speed_only": True}
 
@@ -49,21 +50,32 @@ def _needs(section: Section, when: str, value: str, key: str, expected: str) -> 
         raise ValueError(f"{key}: expected {expected} with {when}: {value}, found null")
 
 
+# Every `paths:` entry: non-empty, inside the project (rules as data: the annotation, checked by pydantic).
+ProjectPath = Annotated[str, Field(min_length=1), AfterValidator(in_project)]
+
+
 class PathsParams(Section):
-    raw: str = Field(description="a directory: downloaded / linked archives")
-    manifests: str = Field(description="a directory: per-split manifests (extract)")
-    label_map: str = Field(description="a file: the label map (extract)")
-    parquet: str = Field(description="a directory: the shards (convert)")
-    work: str = Field(description="a directory: scratch space, resume state (not tracked)")
-    metrics: str = Field(description="a directory: DVC metrics JSON per stage")
-    reports: str = Field(description="a directory: reports (validate)")
-    versions: str = Field(description="a directory tracked in git: the version index (validate)")
+    raw: ProjectPath = Field(description="a directory: downloaded / linked archives")
+    manifests: ProjectPath = Field(description="a directory: per-split manifests (extract)")
+    label_map: ProjectPath = Field(description="a file: the label map (extract)")
+    parquet: ProjectPath = Field(description="a directory: the shards (convert)")
+    work: ProjectPath = Field(description="a directory: scratch space, resume state (not tracked)")
+    metrics: ProjectPath = Field(description="a directory: DVC metrics JSON per stage")
+    reports: ProjectPath = Field(description="a directory: reports (validate)")
+    versions: ProjectPath = Field(description="a directory tracked in git: the version index (validate)")
+
+
+def path_key(name: str) -> str:
+    """The params.yaml key of a `paths:` entry (`paths.reports`), as messages name it (a KeyError for no entry)."""
+    if name not in PathsParams.model_fields:
+        raise KeyError(f"paths.{name}")
+    return f"paths.{name}"
 
 
 class SampleParams(Section):
     classes: int = Field(ge=1, le=1000)
-    train_per_class: int = Field(ge=1)
-    val_per_class: int = Field(ge=1)
+    train_per_class: int = Field(ge=1, le=1300, description="images per class, at most ILSVRC2012's 1300")
+    val_per_class: int = Field(ge=1, le=50, description="images per class, at most ILSVRC2012's 50")
     seed: int = Field(ge=0)
 
 
@@ -83,12 +95,15 @@ class DownloadParams(Section):
     @field_validator("source", "train", "val", "devkit")
     @classmethod
     def _no_credentials(cls, value: str | None) -> str | None:
-        """params.yaml is committed and DVC copies these values into dvc.lock: a URL must not carry user info."""
-        if value and "@" in urlsplit(value).netloc:
+        """params.yaml is committed and DVC copies these values into dvc.lock: a URL carries no secret (user info,
+        a signed or token query)."""
+        found = secrets_in(value) if value else None
+        if found:
             raise ValueError(
-                "expected a URL without user info (user:password@), found credentials in it (not shown); "
-                "params.yaml and dvc.lock are committed. Put them in ~/.netrc (HTTP), the environment "
-                "(AWS_ACCESS_KEY_ID / AWS_PROFILE for s3://) or the fsspec config (FSSPEC_S3_* variables)"
+                "expected a URL without user info (user:password@) or a signed / token query (X-Amz-Signature=, "
+                f"Signature=, sig=, token=, ...), found {found}; params.yaml and dvc.lock are committed. Put the "
+                "credentials in ~/.netrc (HTTP), the environment (AWS_ACCESS_KEY_ID / AWS_PROFILE with the plain "
+                "s3:// URL instead of a pre-signed one) or the fsspec config (FSSPEC_S3_* variables)"
             )
         return value
 
@@ -336,15 +351,16 @@ def _problem(error: Any) -> str:
     return f"{where}: expected {_expected(*_owner(loc))}, found {found!r}"
 
 
-def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml") -> Params:
-    """The typed params of a parsed params.yaml document, or one PipelineError listing every problem."""
+def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml", root: Path | None = None) -> Params:
+    """The typed params of a parsed params.yaml document, or one PipelineError listing every problem; with `root`
+    (the project, params.yaml's directory) an absolute `paths:` entry is also checked to lie inside it."""
     if not isinstance(doc, dict):
         raise PipelineError(
             f"{where}: expected a mapping of sections ({', '.join(SECTIONS)}), found "
             f"{type(doc).__name__}; restore params.yaml from git (`git checkout params.yaml`)"
         )
     try:
-        return Params.model_validate(doc)
+        return Params.model_validate(doc, context={"root": root})
     except ValidationError as err:
         problems = sorted(dict.fromkeys(_problem(e) for e in err.errors()))
     raise PipelineError(
@@ -398,4 +414,4 @@ def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
         doc = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
-    return Project(file.parent, validate_params(doc, shown))
+    return Project(file.parent, validate_params(doc, shown, file.parent))

@@ -4,9 +4,11 @@
 short reason (the image is then quarantined, never written).
 
 A JPEG must hold at least one bit of entropy-coded data per 8x8 block it declares (every block starts with a
-Huffman-coded DC difference, and a Huffman code is at least one bit long): fewer bytes than `blocks / 8` cannot be a
-complete image, whatever its content — a tiny file declaring huge dimensions (678 bytes for 12000x12000, which a
-loader would inflate to 432 MB) is quarantined as `implausible_size` instead of being stored byte-for-byte."""
+Huffman-coded DC difference, and a Huffman code is at least one bit long): fewer bytes of entropy-coded data than
+`blocks / 8` cannot be a complete image, whatever its content — a tiny file declaring huge dimensions (678 bytes for
+12000x12000, which a loader would inflate to 432 MB) is quarantined as `implausible_size` instead of being stored
+byte-for-byte. Only the scans' data counts (tasks.convert.jpeg_header.entropy_coded_bytes), never the file size: the
+same header padded with 281 KB of comments or APPn segments is quarantined too."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from tasks.convert.jpeg_header import read_header
+from tasks.convert.jpeg_header import entropy_coded_bytes, first_scan, read_header
 
 ORIENTATION_TAG = 0x0112
 # Steps are named in the vocabulary of imagenet_parquet.format.TRANSFORM_PATTERN (validate checks shards against it).
@@ -63,7 +65,7 @@ def encode_image(data: bytes, policy: Policy) -> Encoded:
     orientation = _orientation(im)
     steps = _needed_steps(im, fmt, orientation, policy)
     if fmt == "JPEG":
-        _require_plausible_size(data, im.width, im.height)
+        _require_plausible_size(data, im.width, im.height, first_scan(data))
     if steps is None:
         if fmt == "JPEG":
             _require_end_marker(data)
@@ -81,7 +83,7 @@ def _keep_as_is(data: bytes, policy: Policy) -> Encoded | None:
         return None
     if head.width * head.height > policy.max_image_pixels:
         return None  # Pillow's path reports it
-    _require_plausible_size(data, head.width, head.height)
+    _require_plausible_size(data, head.width, head.height, head.scan)
     if (policy.exif == "transpose" and head.orientation != 1) or (
         policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter
     ):
@@ -134,13 +136,15 @@ def _require_end_marker(data: bytes) -> None:
         raise BadImage("truncated: no JPEG end-of-image marker after the last scan")
 
 
-def _require_plausible_size(data: bytes, width: int, height: int) -> None:
-    """At least MIN_BITS_PER_BLOCK bits per 8x8 block declared (module docstring), or BadImage."""
+def _require_plausible_size(data: bytes, width: int, height: int, scan: int | None) -> None:
+    """At least MIN_BITS_PER_BLOCK bits of entropy-coded data (from `scan`, the first scan's data; None: the
+    whole file) per 8x8 block declared (module docstring), or BadImage."""
     blocks = -(-width // 8) * -(-height // 8)
-    if len(data) * 8 < blocks * MIN_BITS_PER_BLOCK:
+    coded = len(data) if scan is None else entropy_coded_bytes(data, scan)
+    if coded * 8 < blocks * MIN_BITS_PER_BLOCK:
         raise BadImage(
             f"implausible_size: {width}x{height} declared ({blocks} 8x8 blocks, at least {blocks // 8} bytes of "
-            f"image data) in a {len(data)}-byte file"
+            f"image data), found {coded} bytes of image data in a {len(data)}-byte file"
         )
 
 

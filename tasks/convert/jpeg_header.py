@@ -7,11 +7,14 @@ anything is unusual (then the caller asks Pillow, which knows every corner). Mea
 
 from __future__ import annotations
 
+import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 SOF_BASELINE_EXTENDED_PROGRESSIVE = (0xC0, 0xC1, 0xC2)  # Huffman-coded frames every loader decodes
 _NO_LENGTH = {0x01, *range(0xD0, 0xD8)}  # TEM, RSTn: standalone markers
+_MARKER = re.compile(rb"\xff[\xc0-\xd7\xd9-\xfe]")  # any marker but SOI, fill (FF) and stuffing (00)
 
 
 @dataclass(frozen=True)
@@ -20,17 +23,42 @@ class JpegHeader:
     height: int
     components: int  # 1 = grayscale (Pillow mode L), 3 = YCbCr/RGB (mode RGB)
     orientation: int  # EXIF orientation tag as found (1 when absent)
+    scan: int  # offset of the first entropy-coded byte (just after the first SOS header)
 
 
 def read_header(data: bytes) -> JpegHeader | None:
     """The header of a plain 8-bit baseline/extended/progressive JPEG with 1 or 3 components, else None."""
-    if not data.startswith(b"\xff\xd8"):
-        return None
-    pos, end, orientation, exif_seen = 2, len(data), 1, False
+    orientation, exif_seen = 1, False
     frame: tuple[int, int, int] | None = None
+    for marker, body, length in _segments(data):
+        if marker == 0xDA:  # SOS: header over
+            return JpegHeader(*frame, orientation, body + length - 2) if frame else None
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            frame = _frame(data, marker, body, length)
+            if frame is None:
+                return None
+        elif marker == 0xE1 and not exif_seen and data.startswith(b"Exif\x00\x00", body):  # the first, as Pillow
+            found = _orientation(data[body + 6 : body + length - 2])
+            if found is None:
+                return None
+            exif_seen, orientation = True, found
+    return None
+
+
+def first_scan(data: bytes) -> int | None:
+    """Offset just after the first SOS header of any JPEG (None: no well-formed header up to one)."""
+    return next((body + length - 2 for marker, body, length in _segments(data) if marker == 0xDA), None)
+
+
+def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(marker, body offset, length) of each marker segment from SOI up to the first SOS (included); it stops
+    early, without a word, at anything malformed (the callers then find no SOS)."""
+    if not data.startswith(b"\xff\xd8"):
+        return
+    pos, end = 2, len(data)
     while pos + 4 <= end:
         if data[pos] != 0xFF:
-            return None
+            return
         marker = data[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
@@ -41,20 +69,26 @@ def read_header(data: bytes) -> JpegHeader | None:
         (length,) = struct.unpack_from(">H", data, pos + 2)
         body = pos + 4
         if length < 2 or body + length - 2 > end:
-            return None
-        if marker == 0xDA:  # SOS: header over
-            return JpegHeader(*frame, orientation) if frame else None
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            frame = _frame(data, marker, body, length)
-            if frame is None:
-                return None
-        elif marker == 0xE1 and not exif_seen and data.startswith(b"Exif\x00\x00", body):  # the first, as Pillow
-            found = _orientation(data[body + 6 : body + length - 2])
-            if found is None:
-                return None
-            exif_seen, orientation = True, found
+            return
+        yield marker, body, length
+        if marker == 0xDA:
+            return
         pos = body + length - 2
-    return None
+
+
+def entropy_coded_bytes(data: bytes, scan: int) -> int:
+    """Bytes of entropy-coded data from `scan` to EOI: the marker segments between scans (tables, comments, APPn:
+    anything with a length) and RSTn markers are not counted, so padding never counts as image data. Inside
+    entropy-coded data an FF is followed by 00 (stuffing) or a standalone RSTn, never by a segment marker or EOI.
+    Cost: one regex pass over the scan data, ~40 us for a 110 KB ImageNet JPEG (the fingerprint's decode: ~1.3 ms)."""
+    total, pos = 0, scan
+    while (found := _MARKER.search(data, pos)) is not None:
+        at, marker = found.start(), data[found.start() + 1]
+        total += at - pos
+        if marker == 0xD9 or at + 4 > len(data):  # EOI, or a marker cut off
+            return total
+        pos = at + 2 if marker in _NO_LENGTH else at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    return total + max(len(data) - pos, 0)
 
 
 def _frame(data: bytes, marker: int, body: int, length: int) -> tuple[int, int, int] | None:

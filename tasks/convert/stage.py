@@ -1,6 +1,7 @@
-"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-<wnid>-<first image>.parquet.
+"""Parquet conversion: manifests + label map -> data/parquet/<split>/<split>-h<hash>.parquet (rows in hashed order).
 
-`prepare` plans shards (content-defined, from the manifests alone: tasks/convert/plan.py), `convert_shard` writes
+`prepare` orders each split's rows (`convert.order`) and plans shards (content-defined, from the manifests alone:
+tasks/convert/plan.py), `convert_shard` reads a shard's images a row group at a time in archive-offset order and writes
 one shard streaming row groups (resuming: a shard finished for the same plan is kept), `finalize` writes
 bad_images.jsonl and the metrics. `tasks.convert.distribute` runs them over processes or Dask workers."""
 
@@ -21,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from imagenet_parquet.format import FORMAT_VERSION, class_ids, class_names, read_label_map, shard_schema
-from tasks.common import SPLITS, PipelineError, atomic_path, dumps_json, write_json, write_text
+from tasks.common import SPLITS, PipelineError, atomic_path, disk_errors, dumps_json, write_json, write_text
 from tasks.common.dvc_state import stat_key, state_put
 from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import MANIFEST_SCHEMA
+from tasks.common.params import path_key
 from tasks.common.progress import Progress as _Bar
 from tasks.convert.fingerprint import stored_fingerprint
 from tasks.convert.imaging import BadImage, Encoded, encode_image
@@ -76,16 +78,10 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     rows = _rows(job, plan)
     schema = shard_schema(label_map, job.output_params(), plan.split)
     tally = _Tally(split=plan.split)
-    try:
+    with disk_errors(shard.parent, shard.name, path_key("parquet"), "finished shards are kept"):  # no partial file
         count, md5 = write_shard(
             shard, schema, job.row_group_rows, _encoded_rows(job, rows, _label_columns(label_map), tally)
         )
-    except OSError as err:  # ENOSPC, EROFS, EACCES... (write_shard leaves no partial file under the final name)
-        raise PipelineError(
-            f"{shard.parent}: expected to write {shard.name} here, found {err.strerror or err} (errno {err.errno}); "
-            "free some space or make it writable, or point paths.parquet at another disk, then run again "
-            "(finished shards are kept)"
-        ) from None
     stats = {
         "key": plan.key,
         "shard": plan.name,
@@ -100,7 +96,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
         "stat": stat_key(shard),
         "seconds": round(time.perf_counter() - started, 3),
     }
-    write_json(stats_path, stats)
+    write_json(stats_path, stats, path_key("work"))
     return {**stats, "resumed": False}
 
 
@@ -109,11 +105,12 @@ def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], se
     by_shard = {(r["split"], r["shard"]): r for r in results}
     ordered = [by_shard[(p.split, p.name)] for p in plans]
     bad = [record for r in ordered for record in r["bad"]]
-    write_text(job.parquet / BAD_IMAGES, "".join(json.dumps(b, sort_keys=True) + "\n" for b in bad))
+    lines = "".join(json.dumps(b, sort_keys=True) + "\n" for b in bad)
+    write_text(job.parquet / BAD_IMAGES, lines, path_key("parquet"))
     metrics = _metrics(ordered)
-    write_json(job.metrics, metrics)  # hashed by DVC (dvc.lock): counts only, the same for the same inputs
+    write_json(job.metrics, metrics, path_key("metrics"))  # DVC-hashed (dvc.lock): counts only, same inputs same bytes
     timings = _timings(ordered, seconds)  # vary run to run: scratch, not tracked
-    write_json(job.work / "logs" / "convert.json", timings)
+    write_json(job.work / "logs" / "convert.json", timings, path_key("work"))
     print(f"convert: {timings['seconds']:.1f} s, {timings['images_per_s']} img/s, {timings['mb_per_s']} MB/s")
     _check_bad_fraction(job, metrics)
     state_put((job.shard_path(p), r["md5"], r["stat"]) for p, r in zip(plans, ordered, strict=True) if "md5" in r)
@@ -279,7 +276,7 @@ def _write_slices(job: Job, table: pa.Table, plans: list[ShardPlan]) -> None:
     """Each shard's manifest rows in a small file next to its stats: a worker reads only its own rows, so worker
     memory does not grow with the manifest (1.28M rows for ImageNet train)."""
     for plan in plans:
-        with atomic_path(job.rows_path(plan)) as tmp:
+        with atomic_path(job.rows_path(plan), path_key("work")) as tmp:
             pq.write_table(table.slice(plan.start, plan.stop - plan.start), tmp)
 
 

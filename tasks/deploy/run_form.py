@@ -232,7 +232,8 @@ def apply_params(
     if changed:
         text = io.StringIO()
         yaml.dump(doc, text)
-        validate_params(safe_load(text.getvalue()), f"{params_file} (with the run form's values)")
+        shown = f"{params_file} (with the run form's values)"
+        validate_params(safe_load(text.getvalue()), shown, params_file.resolve().parent)
         write_text(params_file, text.getvalue())
     return changed
 

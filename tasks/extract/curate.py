@@ -76,7 +76,7 @@ def _read(kind: str, path: Path | None, catalog: Catalog | None) -> list[Line]:
             f"such file); create it (the header alone applies nothing) or set curate.{kind}: null"
         )
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
+        with open(path, encoding="utf-8-sig", newline="") as fh:  # -sig: a BOM (spreadsheet exports) is no field
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise PipelineError(
@@ -143,6 +143,68 @@ def apply_curation(
     dropped = pa.array(sorted(position[line.wnid, line.name] for line in exclude), pa.int64())
     keep = pc.invert(pc.is_in(pa.array(range(table.num_rows), pa.int64()), dropped))
     return table.filter(keep), {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
+
+
+def curate_splits(
+    tables: dict[str, pa.Table],
+    curation: Curation,
+    subset: list[str] | None,
+    catalog: Catalog | None,
+    held: bool = False,
+) -> tuple[dict[str, pa.Table], dict[str, dict[str, Any]], dict[str, set[str]]]:
+    """Every split's lines applied (each class a wnid of `catalog` for a WordNet-named source; None: a tree of other
+    names) and the classes they leave checked (check_classes; `held`: val is held out of train): the curated
+    tables, the counts per split (for curation_report) and the classes each split holds now."""
+    applied = {split: apply_curation(split, tables[split], curation, catalog) for split in SPLITS}
+    curated = {split: table for split, (table, _) in applied.items()}
+    found = {"before": _wnids(tables), "after": _wnids(curated)}
+    check_classes(curation, found, subset, held)
+    return curated, {split: counts for split, (_, counts) in applied.items()}, found["after"]
+
+
+def _wnids(tables: dict[str, pa.Table]) -> dict[str, set[str]]:
+    return {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
+
+
+def check_classes(
+    curation: Curation, found: dict[str, dict[str, set[str]]], subset: list[str] | None, held: bool = False
+) -> None:
+    """The classes the lines leave, checked before the data is blamed (a relabel into a class outside the label
+    source failed in apply_curation): a relabel moves into a class the dataset keeps (never a silent drop), and no
+    line leaves a class in one split only (unless `held`: val held out of train may lack a class anyway). `found`:
+    per `before` / `after` the curation, split -> class names. A failure names the curation line."""
+    for line in curation.relabel:
+        if subset is not None and line.new_wnid not in subset:
+            kept = "a class extract.classes keeps (the image would be dropped, not relabelled)"
+            _fail(line.where, f"new_wnid {kept}", f"{line.new_wnid!r}, not in the subset")
+    if held:
+        return
+    before, after = found["before"], found["after"]
+    wanted = set(subset) if subset is not None else after["train"] | after["val"]
+    for split, other in zip(SPLITS, reversed(SPLITS), strict=True):
+        for wnid in sorted(wanted - after[split]):
+            _check_split_class(curation, split, other, wnid, before)
+
+
+def _check_split_class(curation: Curation, split: str, other: str, wnid: str, before: dict[str, set[str]]) -> None:
+    """`wnid`, kept by the dataset but missing from `split` after the curation: refused when lines emptied it
+    there, or when only relabel lines bring it into `other`."""
+    emptied = [x for x in curation.exclude + curation.relabel if (x.split, x.wnid) == (split, wnid)]
+    if wnid in before[split] and emptied:
+        _fail(
+            emptied[0].where,
+            f"class {wnid} left with images in {split} (the dataset keeps it: {other} has it, or "
+            "extract.classes lists it)",
+            f"all {len(emptied)} of its {split} images excluded or relabelled away by the curation lines "
+            "(this one first); keep one, or drop the class from both splits",
+        )
+    brought = [x for x in curation.relabel if (x.split, x.new_wnid) == (other, wnid)]
+    if wnid not in before[other] and brought:
+        _fail(
+            brought[0].where,
+            f"new_wnid a class that {split} has too",
+            f"{wnid!r}, which only relabel lines bring into {other}",
+        )
 
 
 def _counts(lines: list[Line], moves: bool) -> dict[str, Any]:

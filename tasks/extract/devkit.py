@@ -189,7 +189,8 @@ def label_val(
     catalog = shipped_catalog()
     if devkit:
         shown = f"{devkit_path}:{META}"
-        catalog = Catalog(devkit.leaves, shown, f"the {len(devkit.leaves)} classes of {shown}", catalog.a_wnid)
+        described = f"the {len(devkit.leaves)} classes of {shown}"
+        catalog = Catalog(devkit.leaves, shown, described, f"a class listed in {shown}")
     if val_labels == "devkit":
         if devkit is None:  # finalize_job always passes it; a library caller may not
             raise PipelineError(

@@ -224,9 +224,9 @@ def finalize(
         tables["train"], tables["val"], held = split_holdout(tables["train"], holdout)
     tables, known, label_source = _label(tables, where, mode, val_labels, devkit_path, Path(root), catalog)
     curation = curation or curate.Curation()
-    applied = {split: curate.apply_curation(split, tables[split], curation, known) for split in SPLITS}
-    tables = {split: table for split, (table, _) in applied.items()}
-    keep = _select(tables, where, known, labels.read_class_list(classes, Path(root)), held is not None)
+    subset = labels.read_class_list(classes, Path(root))
+    tables, curated, found = curate.curate_splits(tables, curation, subset, known, held is not None)
+    keep = _select(found, where, known, subset, held is not None)
     label_map = labels.label_map(keep, known, label_source)
     counts = write_manifests(
         Path(manifests_dir), tables, {c["wnid"] or c["name"]: c["label"] for c in label_map["classes"]}
@@ -241,7 +241,7 @@ def finalize(
         "outside_subset": {s: n for s, (_, n) in counts.items()},
         "reported": reported,
         "imagefolder": imagefolder,
-        "curation": curate.curation_report(curation, {split: counts for split, (_, counts) in applied.items()}),
+        "curation": curate.curation_report(curation, curated),
         **({"holdout": held} if held else {}),
     }
     write_json(Path(manifests_dir) / EXTRACT_REPORT, report)
@@ -269,11 +269,10 @@ def _label(
 
 
 def _select(
-    tables: dict[str, pa.Table], where: dict[str, str], catalog: Catalog | None, subset: list[str] | None, held: bool
+    found: dict[str, set[str]], where: dict[str, str], catalog: Catalog | None, subset: list[str] | None, held: bool
 ) -> list[str]:
     """The classes to keep: every wnid found must be in the catalog (a WordNet-named source); train and val agree
     (or hold the subset; `held`: val held out of train may lack a class)."""
-    found = {split: set(table.column("wnid").to_pylist()) for split, table in tables.items()}
     for split in SPLITS:
         if catalog is not None:
             labels.check_known(found[split], catalog, where[split])

@@ -21,8 +21,10 @@ from typing import Any
 import pandas as pd
 
 from tasks.common import SPLITS, write_json
+from tasks.common.params import path_key
 
 INDEX_FILE, CHANGES_FILE = "index.json", "changes.json"
+MOVES = ("removed", "restored", "relabelled_in", "relabelled_out")  # what curation lines do to an image
 
 
 def _digest(values: Any) -> str:
@@ -58,9 +60,9 @@ def record_version(versions_dir: Path, current: dict[str, Any]) -> dict[str, Any
     path = versions_dir / INDEX_FILE
     stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     previous = stored.get("previous") if stored.get("current") == current else stored.get("current")
-    write_json(path, {"current": current, "previous": previous})
+    write_json(path, {"current": current, "previous": previous}, path_key("versions"))
     changes = compare(previous, current)
-    write_json(versions_dir / CHANGES_FILE, changes_metrics(changes))
+    write_json(versions_dir / CHANGES_FILE, changes_metrics(changes), path_key("versions"))
     return changes
 
 
@@ -75,20 +77,10 @@ def compare(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[st
         classes = []
         for wnid in sorted(set(before) | set(after)):
             old, new = before.get(wnid, {"count": 0}), after.get(wnid, {"count": 0})
-            moved = {k: curation[k][(split, wnid)] for k in ("excluded", "relabelled_in", "relabelled_out")}
-            other = new["count"] - old["count"] + moved["excluded"] - moved["relabelled_in"] + moved["relabelled_out"]
+            moved = {k: curation[k][(split, wnid)] for k in MOVES}
             if old == new and not any(moved.values()):
                 continue
-            removed = moved["excluded"] + max(-other, 0)
-            counts = {"before": old["count"], "after": new["count"], "added": max(other, 0), "removed": removed}
-            classes.append(
-                {
-                    "wnid": wnid,
-                    **counts,
-                    "relabelled_in": moved["relabelled_in"],
-                    "relabelled_out": moved["relabelled_out"],
-                }
-            )
+            classes.append({"wnid": wnid, **_class_counts(old["count"], new["count"], moved)})
         old_shards, new_shards = previous["shards"].get(split, {}), current["shards"].get(split, {})
         rewritten = sorted(name for name, digest in new_shards.items() if old_shards.get(name) != digest)
         out[split] = {
@@ -100,21 +92,44 @@ def compare(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[st
     return out
 
 
+def _class_counts(before: int, after: int, moved: dict[str, int]) -> dict[str, int]:
+    """One class's row: curation moves exact (from the key sets), the rest of the count change (images added or
+    removed in the source, or quarantined by convert) as a net count; every number >= 0."""
+    curated = moved["restored"] - moved["removed"] + moved["relabelled_in"] - moved["relabelled_out"]
+    other = after - before - curated
+    return {
+        "before": before,
+        "after": after,
+        "added": moved["restored"] + max(other, 0),
+        "removed": moved["removed"] + max(-other, 0),
+        "relabelled_in": moved["relabelled_in"],
+        "relabelled_out": moved["relabelled_out"],
+    }
+
+
 def _curation_moves(before: list[list[Any]], after: list[list[Any]]) -> dict[str, Counter[tuple[str, str]]]:
-    """Per (split, wnid): images newly excluded (restored ones count -1) and relabelled in / out."""
-    moves: dict[str, Counter[tuple[str, str]]] = {k: Counter() for k in ("excluded", "relabelled_in", "relabelled_out")}
-    old, new = {tuple(x) for x in before}, {tuple(x) for x in after}
-    for sign, lines in ((1, new - old), (-1, old - new)):
-        for kind, split, wnid, _name, new_wnid in lines:
-            if kind == "exclude":
-                moves["excluded"][(split, wnid)] += sign
-            elif sign > 0:
-                moves["relabelled_out"][(split, wnid)] += 1
-                moves["relabelled_in"][(split, new_wnid)] += 1
-            else:  # a relabel line dropped: the image moves back
-                moves["relabelled_out"][(split, new_wnid)] += 1
-                moves["relabelled_in"][(split, wnid)] += 1
+    """Per (split, wnid): images the curation lines newly removed, restored (an exclusion undone), relabelled in /
+    out — from each curated image's class before and after (its source class where no line names it)."""
+    moves: dict[str, Counter[tuple[str, str]]] = {k: Counter() for k in MOVES}
+    old, new = _placement(before), _placement(after)
+    for image in sorted(set(old) | set(new)):
+        split, source_class = image[0], image[1]
+        was, now = old.get(image, source_class), new.get(image, source_class)
+        if was == now:
+            continue
+        if now is None:
+            moves["removed"][(split, str(was))] += 1
+        elif was is None:
+            moves["restored"][(split, now)] += 1
+        else:
+            moves["relabelled_out"][(split, was)] += 1
+            moves["relabelled_in"][(split, now)] += 1
     return moves
+
+
+def _placement(lines: list[list[Any]]) -> dict[tuple[str, str, str], str | None]:
+    """(split, source wnid, name) -> the class a curation line puts the image in (None: excluded)."""
+    return {(split, wnid, name): None if kind == "exclude" else new_wnid for kind, split, wnid, name, new_wnid in lines}
 
 
 def changes_metrics(changes: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from imagenet_parquet.format import FormatError, class_ids, decode_image_index, read_indexed, read_label_map
 from tasks.common import SPLITS, atomic_path
+from tasks.common.params import path_key
 from tasks.validate.scan import iter_row_groups, list_shards
 
 THUMB = 72  # thumbnail box, px
@@ -148,6 +149,6 @@ def write_contact_sheet(
     labels = shown_labels(label_map["num_classes"], max_classes)
     picks = select_rows(list_shards(parquet_dir), labels, per_class)
     sheet = draw_sheet(label_map, labels, picks, read_thumbnails(picks), per_class)
-    with atomic_path(out_png) as tmp:
+    with atomic_path(out_png, path_key("reports")) as tmp:
         sheet.save(tmp, "PNG")
     return Path(out_png)

@@ -13,6 +13,7 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from tasks.common import atomic_path, write_text
+from tasks.common.params import path_key
 from tasks.validate.contact_sheet import THUMB, Picks, _paste, read_thumbnails
 
 NEAR_DUPLICATES_PNG = "near_duplicates.png"
@@ -82,6 +83,6 @@ def write_near_duplicate_outputs(
     `near_duplicates` section (empty outputs when the check found nothing or could not run)."""
     pairs = report.get("near_duplicates", {}).get("pairs", [])
     out_png = Path(reports_dir) / NEAR_DUPLICATES_PNG
-    with atomic_path(out_png) as tmp:
+    with atomic_path(out_png, path_key("reports")) as tmp:
         draw_pairs(pairs, Path(parquet_dir), len(pairs)).save(tmp, "PNG")
-    return [out_png, write_text(Path(reports_dir) / EXCLUDE_CSV, exclude_csv(pairs))]
+    return [out_png, write_text(Path(reports_dir) / EXCLUDE_CSV, exclude_csv(pairs), path_key("reports"))]

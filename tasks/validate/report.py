@@ -12,7 +12,7 @@ import pandas as pd
 from imagenet_parquet.format import FIELDS
 from tasks.common import SPLITS, write_json, write_text
 from tasks.common.layout import REPORT_MD
-from tasks.common.params import ValidateParams, output_keys
+from tasks.common.params import ValidateParams, output_keys, path_key
 from tasks.validate.checks import CheckResult
 
 REPORT_JSON = "schema_report.json"
@@ -112,9 +112,12 @@ def class_counts_csv(report: dict[str, Any]) -> str:
 
 def write_reports(report: dict[str, Any], reports_dir: Path, metrics_path: Path) -> list[Path]:
     """schema_report.json / .md, class_counts.csv under `reports_dir`, and the metrics JSON (all atomic)."""
-    written = [write_json(reports_dir / REPORT_JSON, report), write_json(metrics_path, metrics(report))]
+    written = [
+        write_json(reports_dir / REPORT_JSON, report, path_key("reports")),
+        write_json(metrics_path, metrics(report), path_key("metrics")),
+    ]
     for name, text in ((REPORT_MD, render_markdown(report)), (CLASS_COUNTS_CSV, class_counts_csv(report))):
-        written.append(write_text(reports_dir / name, text))
+        written.append(write_text(reports_dir / name, text, path_key("reports")))
     return written
 
 

@@ -1,5 +1,5 @@
 """A static file server for 127.0.0.1 that answers single `bytes=a-b` / `bytes=a-` ranges (what fsspec's HTTP
-filesystem sends; RangeServer in servers.py serves open-ended ranges only) and logs (path, Range header).
+filesystem sends; RangeServer in servers.py adds fault injection) and logs (path, Range header).
 
     python -m tests.helpers.range_files ROOT [PORT [MB_PER_S]]   # prints the URL, serves until killed (benchmarks)
 

@@ -2,15 +2,21 @@
 fault injection, and a real Prefect server (plus pointing this process's Prefect client at it).
 
 RangeServer: faults are queued per URL path and each one is used by one GET: `("drop", n)` closes the connection
-after n body bytes, `("cut", n)` sends no Content-Length (nor a total in Content-Range) and ends the body
-after n bytes as if it were complete, `("status", code)` answers with that status, `("stall", seconds)` sends a little then goes
-quiet, `("ignore_range",)` answers 200 with the whole file. `corrupt` (a set of paths) serves those files with a
-flipped byte on every request. Run standalone: `python tests/helpers/servers.py ROOT PORT`.
+after n body bytes, `("cut", n)` sends no Content-Length (nor a total in Content-Range) and ends the body after n
+bytes as if it were complete, `("status", code)` answers with that status, `("stall", seconds)` sends a little then
+goes quiet, `("ignore_range",)` answers 200 with the whole file, `("flip",)` flips one byte of the body,
+`("shift", k)` sends the bytes k further on than asked (same length), `("hang",)` reads the request and never
+answers (until the server stops), `("delay", seconds)` answers normally after that long. `every`: a fault used by
+every ranged GET that has no queued one (`("flip",)`: a byte flipped in every range reply). `corrupt` (a set of
+paths) serves those files with a flipped byte on every request. `auth`: ("basic", user, password) or ("header",
+name, value) that every request must carry (else 401). Ranges: `bytes=a-` and `bytes=a-b`. Run standalone:
+`python tests/helpers/servers.py ROOT PORT`.
 
 Standard library only at module level (prefect is imported where it is used), so that tests/conftest.py can
 isolate Prefect before anything imports it."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -138,6 +144,9 @@ class RangeServer(ThreadingHTTPServer):
         self.root = Path(root)
         self.faults: dict[str, deque] = defaultdict(deque)
         self.corrupt: set[str] = set()
+        self.every: tuple | None = None
+        self.auth: tuple[str, str, str] | None = None
+        self.stopping = threading.Event()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self._thread: threading.Thread | None = None
 
@@ -151,6 +160,7 @@ class RangeServer(ThreadingHTTPServer):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
         self.shutdown()
         self.server_close()
 
@@ -173,31 +183,53 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         srv.requests.append((self.command, path, self.headers.get("Range")))
         fault = srv.faults[path].popleft() if body and srv.faults[path] else None
+        if fault is None and body and srv.every and self.headers.get("Range"):
+            fault = srv.every
+        if not self._authorized():
+            return self._empty(401, {"WWW-Authenticate": 'Basic realm="test"'})
+        if fault and fault[0] == "delay":
+            time.sleep(fault[1])
+        if fault and fault[0] == "hang":
+            srv.stopping.wait(120)
+            self.close_connection = True
+            return None
         file = srv.root / path.lstrip("/")
         if fault and fault[0] == "status":
             return self._empty(fault[1])
         if not file.is_file():
             return self._empty(404)
         size = file.stat().st_size
-        start = 0
-        match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+        start, end = 0, size
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
         if match and not (fault and fault[0] == "ignore_range"):
-            start = int(match.group(1))
+            start, end = int(match.group(1)), min(size, int(match.group(2) or size - 1) + 1)
             if start >= size:
                 return self._empty(416, {"Content-Range": f"bytes */{size}"})
             self.send_response(206)
             total = "*" if fault and fault[0] == "cut" else size
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{total}")
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{total}")
         else:
             self.send_response(200)
         if fault and fault[0] == "cut":  # the body ends where the connection closes
             self.send_header("Connection", "close")
         else:
-            self.send_header("Content-Length", str(size - start))
+            self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
         if body:
-            self._body(file, start, size, fault, path in srv.corrupt)
+            if fault and fault[0] == "shift":
+                start, end = start + fault[1], end + fault[1]
+            self._body(file, start, end, fault, path in srv.corrupt or bool(fault and fault[0] == "flip"))
+
+    def _authorized(self) -> bool:
+        auth = self.server.auth
+        if auth is None:
+            return True
+        kind, name, value = auth
+        if kind == "header":
+            return self.headers.get(name) == value
+        token = base64.b64encode(f"{name}:{value}".encode()).decode()
+        return self.headers.get("Authorization") == f"Basic {token}"
 
     def _empty(self, code: int, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
@@ -206,8 +238,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def _body(self, file: Path, start: int, size: int, fault: tuple | None, corrupt: bool) -> None:
-        count = size - start
+    def _body(self, file: Path, start: int, end: int, fault: tuple | None, corrupt: bool) -> None:
+        count = end - start
         if fault and fault[0] in ("drop", "cut"):
             count = min(count, fault[1])
         if fault and fault[0] == "stall":

@@ -1,0 +1,308 @@
+"""Train a small CNN on the Parquet shards with DistributedDataParallel (CPU, gloo), resumable mid-epoch.
+
+    make run   # data/parquet/{train,val} from the built-in 10-class sample (200 train images)
+    torchrun --standalone --nproc-per-node 2 examples/train.py --data data/parquet --epochs 25 --batch-size 8 \\
+        --checkpoint ckpt.pt --checkpoint-every 20        # 13 global steps an epoch: 325 steps
+    # preempted? the same command with --resume ckpt.pt, on any number of processes / workers / batch size:
+    torchrun --standalone --nproc-per-node 1 examples/train.py --data data/parquet --epochs 25 --batch-size 16 \\
+        --checkpoint ckpt.pt --checkpoint-every 20 --resume ckpt.pt
+
+(`python examples/train.py ...` runs one process without torchrun.) The data goes through torchdata's
+StatefulDataLoader: `ParquetIterableDataset` by default, `--map-style` for ParquetImageDataset + RowGroupSampler.
+Global step t holds the same images whatever the number of processes and workers (the reader's epoch order).
+
+Every `--checkpoint-every` global steps rank 0 writes `--checkpoint` atomically: model, optimizer, epoch, step,
+samples_seen (the global images of the epoch's finished steps), the topology and every rank's loader state. A
+`--resume` on the same topology (world size, workers, batch size, reader, --uneven) restores each rank's loader state
+exactly; on another it loads {"epoch", "samples_seen"} into the reader, which then yields every remaining image
+of the epoch exactly once. `--step-log` appends one JSON line per step and rank: {rank, epoch, step, global_step,
+loss, labels, ids}, ids = sha256 of the image bytes (the shards' `sha256` column).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from PIL import Image
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image
+
+
+class Sample:
+    """The reader's transform (it runs with decode=False): image bytes -> (CHW float tensor of size x size,
+    sha256 of the bytes). The id says exactly which image a step saw, whatever the decoding does."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, data: bytes) -> tuple[torch.Tensor, str]:
+        image = decode_image(data, draft_size=self.size).resize((self.size, self.size), Image.Resampling.BILINEAR)
+        pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
+        return pixels.float().div_(255).sub_(0.5), hashlib.sha256(data).hexdigest()
+
+
+def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
+    """Three conv + BatchNorm + ReLU blocks (the first two max-pooled), global average pooling, a linear head."""
+
+    def block(cin: int, cout: int, pool: bool) -> list[nn.Module]:
+        layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+        return layers + [nn.MaxPool2d(2)] if pool else layers
+
+    return nn.Sequential(
+        *block(3, width, True),
+        *block(width, 2 * width, True),
+        *block(2 * width, 4 * width, False),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * width, num_classes),
+    )
+
+
+@dataclass
+class Data:
+    """The loader and what orders it (the iterable dataset, or the map-style run's sampler)."""
+
+    loader: StatefulDataLoader
+    order: ParquetIterableDataset | RowGroupSampler
+    num_classes: int
+    total: int
+
+
+def make_data(args: argparse.Namespace) -> Data:
+    """uneven="drop" or "pad": every rank gets the same number of batches per epoch, as DDP needs (a rank with
+    one batch more would wait forever in the gradient all-reduce of a step the others never take)."""
+    source, split = (args.data, None) if any(args.data.glob("*.parquet")) else (args.data, args.split)
+    common: dict[str, Any] = {"transform": Sample(args.image_size), "decode": False}
+    order: ParquetIterableDataset | RowGroupSampler
+    if args.map_style:
+        images = ParquetImageDataset(source, split, **common)
+        order = RowGroupSampler(images, seed=args.seed, uneven=args.uneven)
+        loader = StatefulDataLoader(images, batch_size=args.batch_size, sampler=order, num_workers=args.num_workers)
+        dataset: ParquetImageDataset | ParquetIterableDataset = images
+    else:  # batch_size = the loader's: global step t holds the same images on any topology
+        order = dataset = ParquetIterableDataset(
+            source, split, **common, seed=args.seed, uneven=args.uneven, batch_size=args.batch_size
+        )
+        loader = StatefulDataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers)
+    return Data(loader, order, len(dataset.label_names), len(dataset.index))
+
+
+def topology(args: argparse.Namespace) -> dict[str, Any]:
+    """What a loader state depends on: a resume with all of these equal restores it exactly."""
+    return {
+        "world_size": dist.get_world_size(),
+        "num_workers": args.num_workers,
+        "batch_size": args.batch_size,
+        "map_style": args.map_style,
+        "uneven": args.uneven,
+    }
+
+
+@dataclass
+class Progress:
+    """Where training stands: epoch, global steps done in it, images of those steps, steps since the start."""
+
+    epoch: int = 0
+    step: int = 0
+    samples_seen: int = 0
+    global_step: int = 0
+
+
+def _bare(model: nn.Module) -> nn.Module:
+    """The model inside DDP: checkpoints hold its plain state_dict (loadable without DDP)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def save_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    progress: Progress,
+    args: argparse.Namespace,
+    loader_state: dict[str, Any] | None,
+) -> None:
+    """Every rank's loader state gathered (a list indexed by rank); rank 0 writes temp file + os.replace."""
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, loader_state)
+    if dist.get_rank() != 0:
+        return
+    checkpoint = {
+        "model": _bare(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        **vars(progress),
+        **topology(args),
+        "seed": args.seed,
+        "loaders": None if loader_state is None else states,
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def resume(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, data: Data, args: argparse.Namespace
+) -> Progress:
+    """Model, optimizer and progress from `path`; the loader restored exactly (same topology) or the reader
+    started at the epoch's samples_seen (another topology: every remaining image exactly once)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    _bare(model).load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    progress = Progress(*(checkpoint[k] for k in ("epoch", "step", "samples_seen", "global_step")))
+    data.order.set_epoch(progress.epoch)
+    same = all(checkpoint[k] == v for k, v in topology(args).items())
+    if checkpoint["loaders"] is not None and same:
+        data.loader.load_state_dict(checkpoint["loaders"][dist.get_rank()])
+        how = "same topology: each rank's loader state restored"
+    else:
+        data.order.load_state_dict({"epoch": progress.epoch, "samples_seen": progress.samples_seen})
+        how = f"another topology: the reader resumes at samples_seen={progress.samples_seen}"
+    if dist.get_rank() == 0:
+        print(f"resumed {path} at epoch {progress.epoch} step {progress.step} ({how})", flush=True)
+    return progress
+
+
+class StepLog:
+    """One JSON line per step and rank appended to `path` (one write() on an O_APPEND file: lines never mix)."""
+
+    def __init__(self, path: Path | None):
+        self.fd = None if path is None else os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, progress: Progress, loss: float, labels: torch.Tensor, ids: list[str]) -> None:
+        if self.fd is not None:
+            record = {
+                "rank": dist.get_rank(),
+                "epoch": progress.epoch,
+                "step": progress.step,
+                "global_step": progress.global_step,
+                "loss": loss,
+                "labels": labels.tolist(),
+                "ids": ids,
+            }
+            os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+@dataclass
+class Trainer:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    data: Data
+    args: argparse.Namespace
+    log: StepLog
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(self.model(images), labels)
+        loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces the gradients here
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def epoch(self, progress: Progress) -> bool:
+        """The rest of epoch `progress.epoch`; False when --max-steps stopped it (a simulated preemption)."""
+        args, losses, start, images_done = self.args, [], time.perf_counter(), 0
+        for (images, ids), labels in self.data.loader:
+            losses.append(self.step(images, labels))
+            global_batch = len(labels) * dist.get_world_size()  # drop/pad: every rank's batch has this size
+            progress.step, progress.global_step = progress.step + 1, progress.global_step + 1
+            progress.samples_seen = min(self.data.total, progress.samples_seen + global_batch)
+            images_done += global_batch
+            self.log.write(progress, losses[-1], labels, list(ids))
+            if args.checkpoint and args.checkpoint_every and progress.global_step % args.checkpoint_every == 0:
+                save_checkpoint(
+                    args.checkpoint, self.model, self.optimizer, progress, args, self.data.loader.state_dict()
+                )
+            if args.max_steps and progress.global_step >= args.max_steps:
+                return False
+        self.summary(progress, losses, images_done, time.perf_counter() - start)
+        return True
+
+    def summary(self, progress: Progress, losses: list[float], images: int, seconds: float) -> None:
+        mean = torch.tensor([sum(losses), len(losses)], dtype=torch.float64)
+        dist.all_reduce(mean)
+        if dist.get_rank() == 0:
+            loss = mean[0].item() / max(1.0, mean[1].item())
+            print(
+                f"epoch {progress.epoch}: {progress.step} steps, loss {loss:.4f}, "
+                f"{images / max(seconds, 1e-9):.1f} images/s",
+                flush=True,
+            )
+
+    def fit(self, progress: Progress) -> None:
+        while progress.epoch < self.args.epochs:
+            self.data.order.set_epoch(progress.epoch)
+            if not self.epoch(progress):
+                if dist.get_rank() == 0:
+                    print(f"stopped after global step {progress.global_step} (--max-steps)", flush=True)
+                return
+            progress.epoch, progress.step, progress.samples_seen = progress.epoch + 1, 0, 0
+            if self.args.checkpoint:  # an epoch boundary: nothing of the next epoch consumed, no loader state
+                save_checkpoint(self.args.checkpoint, self.model, self.optimizer, progress, self.args, None)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", type=Path, default=Path("data/parquet"), help="Parquet root (with --split) or shards")
+    p.add_argument("--split", default="train")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=16, help="per rank")
+    p.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="model init and the reader's epoch order")
+    p.add_argument("--uneven", choices=["drop", "pad"], default="drop", help="equal batch counts per rank")
+    p.add_argument("--map-style", action="store_true", help="ParquetImageDataset + RowGroupSampler")
+    p.add_argument("--checkpoint", type=Path, help="checkpoint file rank 0 writes")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="global steps between checkpoints")
+    p.add_argument("--resume", type=Path, help="checkpoint to resume from")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps in all")
+    p.add_argument("--step-log", type=Path, help="append one JSON line per step and rank")
+    return p.parse_args(argv)
+
+
+def init_distributed() -> None:
+    """gloo from torchrun's environment; a one-process group without torchrun."""
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated in torch 2.13: noise on every run
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    init_distributed()
+    try:
+        torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+        data = make_data(args)
+        model = DistributedDataParallel(small_cnn(data.num_classes))
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+        progress = resume(args.resume, model, optimizer, data, args) if args.resume else Progress()
+        log = StepLog(args.step_log)
+        try:
+            Trainer(model, optimizer, data, args, log).fit(progress)
+        finally:
+            log.close()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -137,14 +137,18 @@ def hf_features(names: list[str]) -> dict[str, Any]:
     return {"info": {"features": features}}
 
 
-def shard_schema(label_map: dict[str, Any], params: dict[str, Any], split: str) -> pa.Schema:
-    """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps)."""
+def shard_schema(
+    label_map: dict[str, Any], params: dict[str, Any], split: str, fingerprinted: bool = True
+) -> pa.Schema:
+    """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps).
+
+    `fingerprinted` False: the FINGERPRINT_COLUMN is null in every row, and `fingerprint_algorithm` is null."""
     own = {
         "label_map": label_map,
         "convert_params": params,
         "split": split,
         "hash_algorithm": HASH_ALGORITHM,
-        "fingerprint_algorithm": FINGERPRINT_ALGORITHM,
+        "fingerprint_algorithm": FINGERPRINT_ALGORITHM if fingerprinted else None,
     }
     metadata = {
         "huggingface": json.dumps(hf_features(class_names(label_map))),

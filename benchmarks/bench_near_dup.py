@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from PIL import Image  # noqa: E402
 
-from tasks.convert.fingerprint import fingerprint  # noqa: E402
+from tasks.convert.fingerprint import GRID, HASH_SIDE, _dct_rows, fingerprint, grey_grid  # noqa: E402
 from tasks.validate.near_dup import band_plan, near_pairs  # noqa: E402
 from tests.helpers.params import validate_section  # noqa: E402
 from tests.helpers.planted import EDITS, _crop, real_images  # noqa: E402
@@ -56,6 +56,19 @@ def imagehash_fn():
     return phash
 
 
+_DCT_V1 = _dct_rows(GRID, HASH_SIDE)
+
+
+def fingerprint_v1(data: bytes) -> int:
+    """The previous algorithm, dct64-v1, for comparison: u, v = 0..7, the DC term in the median (top bit always 1)."""
+    low = _DCT_V1 @ grey_grid(data) @ _DCT_V1.T
+    return int.from_bytes(np.packbits((low > np.median(low)).ravel()).tobytes(), "big")
+
+
+V1 = "dct64-v1 (previous: DC in the median)"
+OWN = "own (tasks/convert/fingerprint.py)"
+
+
 def decode_floor(data: bytes) -> None:
     with Image.open(io.BytesIO(data)) as image:
         image.draft("L", (64, 64))
@@ -78,7 +91,7 @@ def bench_fingerprint(datas: list[bytes]) -> dict[str, list[int]]:
     kb = np.mean([len(d) for d in datas]) / 1e3
     print(f"\n## fingerprint: CPU ms per image ({len(datas)} images, mean {kb:.0f} KB)")
     print("| method | ms/image | vs own |\n|---|---|---|")
-    hashers = {"own (tasks/convert/fingerprint.py)": fingerprint}
+    hashers = {OWN: fingerprint, V1: fingerprint_v1}
     if imagehash_fn():
         hashers["imagehash.phash"] = imagehash_fn()
     own_ms, results = None, {}
@@ -116,7 +129,7 @@ def bench_convert_cost(datas: list[bytes]) -> None:
 def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
     d = DEFAULT.near_duplicates_distance
     edits = {**EDITS, **{f"crop{c}pct-each-side": _crop(2 * c / 100) for c in (2, 3.5, 5)}}
-    fns = {"own (tasks/convert/fingerprint.py)": fingerprint, "imagehash.phash": imagehash_fn()}
+    fns = {OWN: fingerprint, V1: fingerprint_v1, "imagehash.phash": imagehash_fn()}
     print(f"\n## quality at distance {d}: recall per edit over {bases} base images (max distance seen)")
     names = [n for n in hashed if fns.get(n)]
     print("| edit | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
@@ -138,12 +151,39 @@ def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) 
         print(f"| {edit} | " + " | ".join(cells) + " |")
     print(f"| **issue's planted set (first {len(EDITS)} rows)** | "
           + " | ".join(f"**{totals[n] / (bases * len(EDITS)):.3f}**" for n in names) + " |")
-    print(f"\n## false pairs among the {len(datas)} distinct images")
-    print("| method | smallest distance | pairs <= distance " + str(d) + " | pairs <= 12 |\n|---|---|---|---|")
+    recall_by_distance(planted, hashed, fns, names, d)
+    distinct_pairs(hashed, names, d)
+
+
+def recall_by_distance(planted: dict, hashed: dict, fns: dict, names: list[str], d: int) -> None:
+    """The issue's planted set (EDITS) and the 2-5 % each-side crops: recall at distances around the default."""
+    print("\n## recall by distance (planted set | each-side crops)")
+    print("| method | " + " | ".join(f"<= {k}" for k in range(d - 2, d + 3)) + " |\n|---|" + "---|" * 5)
+    for n in names:
+        dist = {e: [bin(fns[n](c) ^ hashed[n][i]).count("1") for i, c in enumerate(cs)] for e, cs in planted.items()}
+        base = [x for e, xs in dist.items() if "each-side" not in e for x in xs]
+        side = [x for e, xs in dist.items() if "each-side" in e for x in xs]
+        cells = [f"{np.mean(np.array(base) <= k):.3f} \\| {np.mean(np.array(side) <= k):.2f}" for k in range(d - 2, d + 3)]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+def distinct_pairs(hashed: dict, names: list[str], d: int, pairs_1k: float = 1_281_167 * 50_000) -> None:
+    """Distances between distinct real photos: the smallest, the pairs within d, the bits that carry nothing, and
+    the chance pairs among ImageNet-1k's train x val pairs from a normal fit of the distance distribution."""
+    from math import erfc, sqrt
+
+    print(f"\n## false pairs among the {len(hashed[names[0]])} distinct images")
+    print(f"| method | bits always equal | mean / sd distance | smallest | pairs <= {d} | pairs <= 12 | "
+          f"chance pairs <= {d - 1} / {d} / {d + 2} in 1.28M x 50k (normal fit) |\n|---|---|---|---|---|---|---|")
     for n in names:
         h = np.array(hashed[n], dtype=np.uint64)
+        bits = (h[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+        stuck = int(((bits.min(0) == bits.max(0))).sum())
         dist = np.bitwise_count(h[:, None] ^ h[None, :])[np.triu_indices(len(h), 1)]
-        print(f"| {n} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} |")
+        mean, sd = dist.mean(), dist.std()
+        chance = [pairs_1k * 0.5 * erfc((mean - k - 0.5) / (sd * sqrt(2))) for k in (d - 1, d, d + 2)]
+        print(f"| {n} | {stuck} | {mean:.1f} / {sd:.2f} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} | "
+              + " / ".join(f"{c:.2g}" for c in chance) + " |")
 
 
 def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str):
@@ -187,6 +227,7 @@ def main() -> None:
     ap.add_argument("--brute-rows", type=int, default=2000)
     ap.add_argument("--bases", type=int, default=200, help="base images for the planted edits")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--skip-search", action="store_true")
     args = ap.parse_args()
     if not args.skip_quality:
         source, datas = images()
@@ -194,7 +235,8 @@ def main() -> None:
         hashed = bench_fingerprint(datas)
         bench_convert_cost(datas)
         bench_quality(datas, hashed, min(args.bases, len(datas)))
-    bench_search(args.train, args.val, args.planted, args.brute_rows)
+    if not args.skip_search:
+        bench_search(args.train, args.val, args.planted, args.brute_rows)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pyarrow as pa
 FORMAT_VERSION = 4  # 2: footer byte index; 3: `phash` column (perceptual fingerprint); 4: rows in `order`
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
-FINGERPRINT_ALGORITHM = "dct64-v1"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
+FINGERPRINT_ALGORITHM = "dct64-v2"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # the Hugging Face Image layout
 FIELDS: list[tuple[str, pa.DataType]] = [
     ("image", IMAGE_TYPE),

@@ -88,10 +88,23 @@ def test_fingerprint_is_64_bits_and_undecodable_bytes_are_bad_images():
     data = real_images(1)[0][1] if real_images(1) else sample_bytes()
     value = fingerprint(data)
     assert 0 <= value < 2**64 and bin(value).count("1") == 32  # median threshold: half the bits set
+    assert value == 0x5FDBA03CD8C12C78 or not real_images(1)  # dct64-v2 of the first sample: the bits are the format
     assert bin(fingerprint(plant(data, "q50")) ^ value).count("1") <= DEFAULT.near_duplicates_distance
     assert fingerprint(data) == value  # deterministic
     with pytest.raises(BadImage, match="undecodable: fingerprint decode failed"):
         stored_fingerprint(data[:20] + b"\x00" * 200)
+
+
+def test_every_bit_of_the_fingerprint_carries_information(request):
+    """dct64-v2 leaves the DC term out: no bit is the same for every image (v1's top bit was always 1), and each
+    fingerprint has exactly 32 bits set (above the median of the 64 coefficients)."""
+    images = real_images(300) or sample_images(request.getfixturevalue("sample_release"), 100)
+    hashes = np.array([fingerprint(data) for _, data in images], dtype=np.uint64)
+    bits = (hashes[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+    share = bits.mean(axis=0)
+    assert share.min() > 0.25 and share.max() < 0.75, share  # every bit set for some images and clear for others
+    assert set(popcount(hashes).tolist()) == {32}
+    assert FINGERPRINT_ALGORITHM == "dct64-v2"
 
 
 def sample_bytes() -> bytes:

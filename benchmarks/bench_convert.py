@@ -139,11 +139,12 @@ def byte_copy(root: Path, out: Path) -> int:
 
 
 def stage(root: Path, out: Path, policy: str, workers: int, row_group_rows: int = 100, shard_mb: float = 256,
-          pool: ProcessPoolExecutor | None = None) -> int:
+          pool: ProcessPoolExecutor | None = None, fingerprint: bool = True) -> int:
     project = load_project(REPO / "params.yaml")
     cfg = project.params.convert.model_copy(update={
         "policy": policy, "quality": 95, "resize_shorter": None, "exif": "keep", "shard_mb": shard_mb,
-        "row_group_rows": row_group_rows, "max_bad_fraction": 0.01, "max_image_pixels": 178956970})
+        "row_group_rows": row_group_rows, "max_bad_fraction": 0.01, "max_image_pixels": 178956970,
+        "fingerprint": fingerprint})
     p = {k: Path(v) for k, v in project.params.paths.model_dump().items() if v is not None}  # relative to root
     p.update(parquet=out / "parquet", work=out / "work", metrics=out / "metrics")
     return run_local(job_from_params(cfg, p, root=root), workers=workers, progress=False, pool=pool)["rows"]

@@ -10,14 +10,19 @@ near-duplicates, false pairs among distinct real images) and the banded search a
   search       synthetic uniform fingerprints, --train x --val (default 1,281,167 x 50,000) with --planted near
                copies: tasks.validate.near_dup.near_pairs (CPU s, peak RSS) next to brute force on a slice,
                projected; and the groups-inside-train self-join at validate.near_duplicates_train_distance
+  projection   (--project TRAIN VAL) the fingerprint's CPU and both searches measured at --train x --val, scaled
+               by the band plan's cost model to TRAIN x VAL (ImageNet-21k with a 50-per-class holdout: 12.05 M x
+               0.95 M), with the memory the search and the read fingerprints need
 
     python benchmarks/bench_near_dup.py                       # everything, ImageNet-1k search size
     python benchmarks/bench_near_dup.py --train 200000 --val 10000 --skip-quality
+    python benchmarks/bench_near_dup.py --skip-quality --skip-search --project 12050000 950000   # 13 M (21k)
 """
 from __future__ import annotations
 
 import argparse
 import io
+import math
 import resource
 import sys
 import time
@@ -30,8 +35,8 @@ sys.path.insert(0, str(REPO))
 
 from PIL import Image  # noqa: E402
 
-from tasks.convert.fingerprint import fingerprint  # noqa: E402
-from tasks.validate.near_dup import band_plan, near_pairs  # noqa: E402
+from tasks.convert.fingerprint import GRID, HASH_SIDE, _dct_rows, fingerprint, grey_grid  # noqa: E402
+from tasks.validate.near_dup import CANDIDATE_BLOCK, VERIFY_COST, band_plan, near_pairs  # noqa: E402
 from tests.helpers.params import validate_section  # noqa: E402
 from tests.helpers.planted import EDITS, _crop, real_images  # noqa: E402
 
@@ -56,6 +61,19 @@ def imagehash_fn():
     return phash
 
 
+_DCT_V1 = _dct_rows(GRID, HASH_SIDE)
+
+
+def fingerprint_v1(data: bytes) -> int:
+    """The previous algorithm, dct64-v1, for comparison: u, v = 0..7, the DC term in the median (top bit always 1)."""
+    low = _DCT_V1 @ grey_grid(data) @ _DCT_V1.T
+    return int.from_bytes(np.packbits((low > np.median(low)).ravel()).tobytes(), "big")
+
+
+V1 = "dct64-v1 (previous: DC in the median)"
+OWN = "own (tasks/convert/fingerprint.py)"
+
+
 def decode_floor(data: bytes) -> None:
     with Image.open(io.BytesIO(data)) as image:
         image.draft("L", (64, 64))
@@ -78,7 +96,7 @@ def bench_fingerprint(datas: list[bytes]) -> dict[str, list[int]]:
     kb = np.mean([len(d) for d in datas]) / 1e3
     print(f"\n## fingerprint: CPU ms per image ({len(datas)} images, mean {kb:.0f} KB)")
     print("| method | ms/image | vs own |\n|---|---|---|")
-    hashers = {"own (tasks/convert/fingerprint.py)": fingerprint}
+    hashers = {OWN: fingerprint, V1: fingerprint_v1}
     if imagehash_fn():
         hashers["imagehash.phash"] = imagehash_fn()
     own_ms, results = None, {}
@@ -116,7 +134,7 @@ def bench_convert_cost(datas: list[bytes]) -> None:
 def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
     d = DEFAULT.near_duplicates_distance
     edits = {**EDITS, **{f"crop{c}pct-each-side": _crop(2 * c / 100) for c in (2, 3.5, 5)}}
-    fns = {"own (tasks/convert/fingerprint.py)": fingerprint, "imagehash.phash": imagehash_fn()}
+    fns = {OWN: fingerprint, V1: fingerprint_v1, "imagehash.phash": imagehash_fn()}
     print(f"\n## quality at distance {d}: recall per edit over {bases} base images (max distance seen)")
     names = [n for n in hashed if fns.get(n)]
     print("| edit | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
@@ -138,12 +156,40 @@ def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) 
         print(f"| {edit} | " + " | ".join(cells) + " |")
     print(f"| **issue's planted set (first {len(EDITS)} rows)** | "
           + " | ".join(f"**{totals[n] / (bases * len(EDITS)):.3f}**" for n in names) + " |")
-    print(f"\n## false pairs among the {len(datas)} distinct images")
-    print("| method | smallest distance | pairs <= distance " + str(d) + " | pairs <= 12 |\n|---|---|---|---|")
+    recall_by_distance(planted, hashed, fns, names, d)
+    distinct_pairs(hashed, names, d)
+
+
+def recall_by_distance(planted: dict, hashed: dict, fns: dict, names: list[str], d: int) -> None:
+    """The issue's planted set (EDITS) and the 2-5 % each-side crops: recall at distances around the default."""
+    print("\n## recall by distance (planted set | each-side crops)")
+    print("| method | " + " | ".join(f"<= {k}" for k in range(d - 2, d + 3)) + " |\n|---|" + "---|" * 5)
+    for n in names:
+        dist = {e: [bin(fns[n](c) ^ hashed[n][i]).count("1") for i, c in enumerate(cs)] for e, cs in planted.items()}
+        base = [x for e, xs in dist.items() if "each-side" not in e for x in xs]
+        side = [x for e, xs in dist.items() if "each-side" in e for x in xs]
+        cells = [f"{np.mean(np.array(base) <= k):.3f} \\| {np.mean(np.array(side) <= k):.2f}"
+                 for k in range(d - 2, d + 3)]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+def distinct_pairs(hashed: dict, names: list[str], d: int, pairs_1k: float = 1_281_167 * 50_000) -> None:
+    """Distances between distinct real photos: the smallest, the pairs within d, the bits that carry nothing, and
+    the chance pairs among ImageNet-1k's train x val pairs from a normal fit of the distance distribution."""
+    from math import erfc, sqrt
+
+    print(f"\n## false pairs among the {len(hashed[names[0]])} distinct images")
+    print(f"| method | bits always equal | mean / sd distance | smallest | pairs <= {d} | pairs <= 12 | "
+          f"chance pairs <= {d - 1} / {d} / {d + 2} in 1.28M x 50k (normal fit) |\n|---|---|---|---|---|---|---|")
     for n in names:
         h = np.array(hashed[n], dtype=np.uint64)
+        bits = (h[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+        stuck = int(((bits.min(0) == bits.max(0))).sum())
         dist = np.bitwise_count(h[:, None] ^ h[None, :])[np.triu_indices(len(h), 1)]
-        print(f"| {n} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} |")
+        mean, sd = dist.mean(), dist.std()
+        chance = [pairs_1k * 0.5 * erfc((mean - k - 0.5) / (sd * sqrt(2))) for k in (d - 1, d, d + 2)]
+        print(f"| {n} | {stuck} | {mean:.1f} / {sd:.2f} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} | "
+              + " / ".join(f"{c:.2g}" for c in chance) + " |")
 
 
 def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str):
@@ -179,6 +225,61 @@ def bench_search(train_n: int, val_n: int, planted: int, brute_rows: int) -> Non
     assert len(pairs) >= planted, "a planted near copy was missed"
 
 
+def model_cost(distance: int, queries: int, indexed: int) -> float:
+    """band_plan's estimate (lookups + VERIFY_COST x candidates) plus building each band's table (a sort)."""
+    plan = band_plan(distance, queries, indexed)
+    width, bands = max(plan.widths), len(plan.widths)
+    variants = sum(math.comb(width, k) for k in range(plan.radius + 1))
+    return bands * (queries * variants * (1 + VERIFY_COST * indexed / 2**width) + indexed * math.log2(indexed))
+
+
+def frame_bytes_per_row(rows: int = 100_000) -> float:
+    """Memory of read_fingerprints' frame per row (names, wnids, shard names as Python strings), measured."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"name": [f"n{k % 21000:08d}_{k}.JPEG" for k in range(rows)],
+                          "wnid": [f"n{k % 21000:08d}" for k in range(rows)], "label": np.arange(rows),
+                          "phash": np.arange(rows, dtype=np.uint64), "valid": np.ones(rows, bool),
+                          "shard": [f"train-h{k // 2500:016x}.parquet" for k in range(rows)],
+                          "row": np.arange(rows)})
+    return frame.memory_usage(deep=True).sum() / rows
+
+
+def bench_projection(train_n: int, val_n: int, target_train: int, target_val: int, fp_ms: float | None,
+                     cores: int = 16) -> None:
+    """The fingerprint and the band search measured here (uniform fingerprints, one core), projected to
+    `target_train` x `target_val` images by the cost model; memory from the tables' and the frame's sizes."""
+    rng = np.random.default_rng(1)
+    train = rng.integers(0, 2**64 - 1, train_n, dtype=np.uint64, endpoint=True)
+    val = rng.integers(0, 2**64 - 1, val_n, dtype=np.uint64, endpoint=True)
+    d, td = DEFAULT.near_duplicates_distance, DEFAULT.near_duplicates_train_distance
+    total = target_train + target_val
+    print(f"\n## projection to {total:,} images ({target_train:,} train x {target_val:,} val), {cores} cores")
+    print("| step | measured here (one core) | model x | projected CPU | projected wall, 16 cores | memory |")
+    print("|---|---|---|---|---|---|")
+    if fp_ms:
+        cpu_h = fp_ms * total / 3.6e6
+        print(f"| fingerprint (convert, per image) | {fp_ms:.3f} ms/img | {total:,} images | {cpu_h:.1f} CPU-h | "
+              f"{cpu_h * 60 / cores:.0f} min (convert's workers) | none held (per image) |")
+    for what, queries, indexed, dist, self_join, tq, ti in [
+            ("train x val", val, train, d, False, target_val, target_train),
+            ("inside train", train, train, td, True, target_train, target_train)]:
+        start = time.process_time()
+        near_pairs(queries, indexed, dist, self_join=self_join)
+        seconds = time.process_time() - start
+        scale = model_cost(dist, tq, ti) / model_cost(dist, len(queries), len(indexed))
+        plan = band_plan(dist, tq, ti)
+        table = (2 * 2 ** max(plan.widths) + 2 * ti) * 8  # counts + starts, rows by key + keys: one band at a time
+        memory = (ti + tq) * 8 + table + CANDIDATE_BLOCK * 6 * 8
+        print(f"| {what}, distance {dist}, plan {plan.widths}/{plan.radius} | {seconds:.1f} s at "
+              f"{len(indexed):,} x {len(queries):,} | {scale:.0f} | {seconds * scale / 3600:.2f} CPU-h | "
+              f"{seconds * scale / cores / 60:.1f} min if the query blocks were spread (today one process: "
+              f"{seconds * scale / 60:.0f} min) | {memory / 2**30:.2f} GiB search |")
+    per_row = frame_bytes_per_row()
+    print(f"| the fingerprints read (name, wnid, shard per row) | {per_row:.0f} B/row | {total:,} rows | - | - | "
+          f"{per_row * total / 2**30:.1f} GiB frame |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", type=int, default=1_281_167)
@@ -187,14 +288,24 @@ def main() -> None:
     ap.add_argument("--brute-rows", type=int, default=2000)
     ap.add_argument("--bases", type=int, default=200, help="base images for the planted edits")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--skip-search", action="store_true")
+    ap.add_argument("--project", type=int, nargs=2, metavar=("TRAIN", "VAL"), default=None,
+                    help="project to TRAIN x VAL images (ImageNet-21k: 12050000 950000)")
     args = ap.parse_args()
+    fp_ms = None
+    if args.project and args.skip_quality:
+        fp_ms = cpu(fingerprint, images()[1])[0]
     if not args.skip_quality:
         source, datas = images()
         print(f"# near-duplicate benchmark ({source})")
         hashed = bench_fingerprint(datas)
         bench_convert_cost(datas)
         bench_quality(datas, hashed, min(args.bases, len(datas)))
-    bench_search(args.train, args.val, args.planted, args.brute_rows)
+        fp_ms = cpu(fingerprint, datas)[0]
+    if not args.skip_search:
+        bench_search(args.train, args.val, args.planted, args.brute_rows)
+    if args.project:
+        bench_projection(args.train, args.val, *args.project, fp_ms)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pyarrow as pa
 FORMAT_VERSION = 4  # 2: footer byte index; 3: `phash` column (perceptual fingerprint); 4: rows in `order`
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
-FINGERPRINT_ALGORITHM = "dct64-v1"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
+FINGERPRINT_ALGORITHM = "dct64-v2"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
 IMAGE_TYPE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # the Hugging Face Image layout
 FIELDS: list[tuple[str, pa.DataType]] = [
     ("image", IMAGE_TYPE),
@@ -143,14 +143,18 @@ def hf_features(names: list[str]) -> dict[str, Any]:
     return {"info": {"features": features}}
 
 
-def shard_schema(label_map: dict[str, Any], params: dict[str, Any], split: str) -> pa.Schema:
-    """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps)."""
+def shard_schema(
+    label_map: dict[str, Any], params: dict[str, Any], split: str, fingerprinted: bool = True
+) -> pa.Schema:
+    """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps).
+
+    `fingerprinted` False: the FINGERPRINT_COLUMN is null in every row, and `fingerprint_algorithm` is null."""
     own = {
         "label_map": label_map,
         "convert_params": params,
         "split": split,
         "hash_algorithm": HASH_ALGORITHM,
-        "fingerprint_algorithm": FINGERPRINT_ALGORITHM,
+        "fingerprint_algorithm": FINGERPRINT_ALGORITHM if fingerprinted else None,
     }
     metadata = {
         "huggingface": json.dumps(hf_features(class_names(label_map))),

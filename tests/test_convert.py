@@ -233,7 +233,7 @@ def test_schema_metadata_and_writer_settings(tmp_path):
     shard = pq.ParquetFile(sorted((job.parquet / "train").glob("*.parquet"))[0])
     meta = json.loads(shard.schema_arrow.metadata[b"imagenet_parquet"])
     assert meta["split"] == "train" and meta["hash_algorithm"] == "sha256" and "workers" not in meta["convert_params"]
-    assert meta["fingerprint_algorithm"] == "dct64-v1"
+    assert meta["fingerprint_algorithm"] == "dct64-v2" and meta["convert_params"]["fingerprint"] is True
     assert meta["label_map"]["num_classes"] == 3
     columns = shard.metadata.row_group(0)
     compression = {columns.column(i).path_in_schema: columns.column(i).compression for i in range(columns.num_columns)}

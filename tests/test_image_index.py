@@ -2,6 +2,7 @@
 map-style reader preads through it (falling back to row groups without it), validate checks every entry."""
 from __future__ import annotations
 
+import hashlib
 import pickle
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index
 from imagenet_parquet.shards import IndexedReader
+from tasks.common import PipelineError
 from tasks.convert.distribute import run_local
 from tasks.convert import writer as shard_module
 from tasks.validate.stage import run_validation
@@ -82,9 +84,12 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
     rows = pq.read_table(shard).to_pylist()
     real = shard_module.locate_values
 
-    def swapped(*args):  # rows 0 and 1 of the first row group (searched from file offset 0) trade entries
+    calls = []
+
+    def swapped(*args):  # rows 0 and 1 of the first row group (the first chunk holding two values) trade entries
         found = real(*args)
-        return [found[1], found[0], *found[2:]] if args[1] == 0 else found
+        calls.append(len(found) >= 2)
+        return [found[1], found[0], *found[2:]] if calls.count(True) == 1 and calls[-1] else found
     monkeypatch.setattr(shard_module, "locate_values", swapped)
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
     checks = {c["name"]: c for c in run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path,
@@ -112,3 +117,33 @@ def test_validate_passes_indexed_shards_and_names_unindexed_ones(tmp_path):
     check = next(c for c in report["checks"] if c["name"] == "image_index")
     assert report["status"] == "pass" and check["status"] == "pass"
     assert check["message"].startswith("all byte-index entries ok; 2 of 3 shard(s) carry no index")
+
+
+def test_the_writer_writes_exactly_what_arrow_writes_and_locates_every_value(tmp_path, monkeypatch):
+    """IndexingSink only watches the bytes: the shard equals a plain ParquetWriter's file of the same row groups and
+    footer, every index entry holds its row's value (repeated images, a value over the 1 MB page size), and a
+    writer that stops storing the values verbatim is refused rather than given a wrong index."""
+    source = write_shards(tmp_path / "src", total=12, shards=1, row_group_rows=5)[0]
+    rows = pq.read_table(source).to_pylist()
+    rows[3]["image"] = dict(rows[1]["image"])  # identical bytes twice in one row group
+    rows[7]["image"] = {"bytes": rows[7]["image"]["bytes"] + b"\x00" * (3 << 20), "path": "big.JPEG"}
+    schema = pq.read_schema(source)
+    shard = tmp_path / "shard.parquet"
+    count, md5 = shard_module.write_shard(shard, schema, 5, iter(rows))
+    meta = pq.read_metadata(shard)
+    index = decode_image_index(meta.metadata, meta.num_rows, shard)
+    data = shard.read_bytes()
+    assert count == 12 and md5 == hashlib.md5(data).hexdigest()
+    assert [data[o:o + n] for o, n in index.tolist()] == [r["image"]["bytes"] for r in rows]
+    plain = tmp_path / "plain.parquet"
+    with pq.ParquetWriter(plain, schema, **shard_module.writer_options()) as writer:
+        for first in range(0, len(rows), 5):
+            writer.write_table(shard_module.to_table(rows[first:first + 5], schema), row_group_size=5)
+        writer.add_key_value_metadata({IMAGE_INDEX_KEY: meta.metadata[IMAGE_INDEX_KEY.encode()].decode()})
+    assert plain.read_bytes() == data
+    options = shard_module.writer_options()
+    compressed = {**options, "compression": {**options["compression"], "image.bytes": "zstd"}}
+    monkeypatch.setattr(shard_module, "writer_options", lambda: compressed)
+    with pytest.raises(PipelineError, match=r"expected image 0 of the row group \(\d+ bytes\) stored verbatim"):
+        shard_module.write_shard(tmp_path / "zstd.parquet", schema, 5, iter(rows))
+    assert not (tmp_path / "zstd.parquet").exists()  # atomic: nothing under the final name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from imagenet_parquet.format import FINGERPRINT_ALGORITHM
 from tasks.common import PipelineError
 from tasks.convert.distribute import run_local
 from tasks.convert.fingerprint import fingerprint, stored_fingerprint
@@ -86,10 +88,23 @@ def test_fingerprint_is_64_bits_and_undecodable_bytes_are_bad_images():
     data = real_images(1)[0][1] if real_images(1) else sample_bytes()
     value = fingerprint(data)
     assert 0 <= value < 2**64 and bin(value).count("1") == 32  # median threshold: half the bits set
+    assert value == 0x5FDBA03CD8C12C78 or not real_images(1)  # dct64-v2 of the first sample: the bits are the format
     assert bin(fingerprint(plant(data, "q50")) ^ value).count("1") <= DEFAULT.near_duplicates_distance
     assert fingerprint(data) == value  # deterministic
     with pytest.raises(BadImage, match="undecodable: fingerprint decode failed"):
         stored_fingerprint(data[:20] + b"\x00" * 200)
+
+
+def test_every_bit_of_the_fingerprint_carries_information(request):
+    """dct64-v2 leaves the DC term out: no bit is the same for every image (v1's top bit was always 1), and each
+    fingerprint has exactly 32 bits set (above the median of the 64 coefficients)."""
+    images = real_images(300) or sample_images(request.getfixturevalue("sample_release"), 100)
+    hashes = np.array([fingerprint(data) for _, data in images], dtype=np.uint64)
+    bits = (hashes[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+    share = bits.mean(axis=0)
+    assert share.min() > 0.25 and share.max() < 0.75, share  # every bit set for some images and clear for others
+    assert set(popcount(hashes).tolist()) == {32}
+    assert FINGERPRINT_ALGORITHM == "dct64-v2"
 
 
 def sample_bytes() -> bytes:
@@ -205,6 +220,62 @@ def test_shards_without_fingerprints_warn_not_checked(tmp_path):
     dataset.write()
     check, section = near_duplicate_check(dataset.parquet_dir, DEFAULT)
     assert check.status == "warn" and "re-run the convert stage" in check.message and not section["checked"]
+
+
+def test_shards_of_another_fingerprint_algorithm_are_not_compared(tmp_path):
+    dataset = make_dataset(tmp_path)
+    dataset.schema_overrides = {s: _schema_with_algorithm(dataset, s, "dct64-v0") for s in dataset.rows}
+    dataset.write()
+    check, section = near_duplicate_check(dataset.parquet_dir, DEFAULT)
+    assert check.status == "warn" and not section["checked"]
+    assert check.message == (f"not checked: the shards' fingerprints are 'dct64-v0', these distances are calibrated "
+                             f"for {FINGERPRINT_ALGORITHM!r}; re-run the convert stage")
+
+
+def _schema_with_algorithm(dataset, split, algorithm):
+    from imagenet_parquet.format import METADATA_KEY, shard_schema
+    schema = shard_schema(dataset.label_map, {"policy": "passthrough"}, split)
+    own = {**json.loads(schema.metadata[METADATA_KEY]), "fingerprint_algorithm": algorithm}
+    return schema.with_metadata({**schema.metadata, METADATA_KEY: json.dumps(own, sort_keys=True)})
+
+
+def test_fingerprint_off_computes_none_and_validate_says_near_duplicates_were_not_checked(
+        sample_release, tmp_path, monkeypatch):
+    """convert.fingerprint false: no fingerprint computed, `phash` null in every row (same schema: the reader and
+    Hugging Face `datasets` load it), and validate's report, metrics and picture say the check did not run."""
+    from imagenet_parquet import ParquetImageDataset
+    from imagenet_parquet.format import own_metadata
+    from tasks.convert import stage as convert_stage
+    from tasks.validate.report import metrics
+    from tests.helpers.datasets import make_job, sample_dataset
+
+    def refuse(data):
+        raise AssertionError("fingerprint computed with convert.fingerprint false")
+    monkeypatch.setattr(convert_stage, "stored_fingerprint", refuse)
+    sample_dataset(tmp_path, sample_release)
+    job = make_job(tmp_path, fingerprint=False)
+    run_local(job, progress=False)
+    shards = sorted(job.parquet.rglob("*.parquet"))
+    for shard in shards:
+        table = pq.read_table(shard)
+        own = own_metadata(table.schema.metadata)
+        assert table.column("phash").null_count == len(table) > 0
+        assert own["convert_params"]["fingerprint"] is False and own["fingerprint_algorithm"] is None
+    report = run_validation(job.parquet, job.manifests, job.label_map, DEFAULT)
+    check = _near(report)
+    assert check["status"] == "warn" and check["message"].startswith("not checked: convert.fingerprint is false")
+    assert not report["near_duplicates"]["checked"] and metrics(report)["near_duplicate_pairs"] is None
+    assert "**Not checked**: convert.fingerprint is false" in render_markdown(report)
+    written = write_near_duplicate_outputs(report, job.parquet, tmp_path / "reports")
+    assert written[1].read_text(encoding="utf-8") == ",".join(EXCLUDE_HEADER) + "\n"
+    train = ParquetImageDataset(job.parquet, "train", decode=False)
+    assert len(train) == sum(pq.read_metadata(s).num_rows for s in shards if s.parent.name == "train")
+    assert train[0][0][:2] == b"\xff\xd8"
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets
+    hf = datasets.load_dataset("parquet", data_files=[str(s) for s in shards if s.parent.name == "val"],
+                               split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert hf.features["phash"].dtype == "uint64" and set(hf["phash"]) == {None}
 
 
 def _schema_without_phash(dataset, split):

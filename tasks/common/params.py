@@ -166,6 +166,11 @@ class ConvertParams(Section):
         description="hashed: rows by a keyed hash of the image name (every row group a uniform class mix) | "
         "class: sorted by class, then name (class locality)"
     )
+    fingerprint: bool = Field(
+        description="true: the `phash` perceptual fingerprint of every image (validate's near-duplicate check; a "
+        "reduced decode, ~3x the rest of a pass-through convert's CPU) | false: `phash` null, validate reports "
+        "near-duplicates as not checked"
+    )
     workers: Workers = Field(json_schema_extra=SPEED_ONLY)
     task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
     dask_address: Text | None = Field(

@@ -28,6 +28,7 @@ class Job:
     shard_mb: float = 256
     row_group_rows: int = 100
     order: str = "hashed"  # tasks/convert/plan.py ORDERS
+    fingerprint: bool = True  # compute `phash` (tasks/convert/fingerprint.py); False: the column is null
     max_bad_fraction: float = 0.001
     root: Path = Path(".")  # manifest `source` paths are relative to it (the repo) unless absolute
 
@@ -63,6 +64,7 @@ class Job:
             "shard_mb": self.shard_mb,
             "row_group_rows": self.row_group_rows,
             "order": self.order,
+            "fingerprint": self.fingerprint,
         }
 
 
@@ -87,6 +89,7 @@ def job_from_params(params: ConvertParams, paths: Mapping[str, Path], root: str 
         shard_mb=params.shard_mb,
         row_group_rows=params.row_group_rows,
         order=params.order,
+        fingerprint=params.fingerprint,
         max_bad_fraction=params.max_bad_fraction,
         root=root,
     )

@@ -21,7 +21,14 @@ import PIL
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from imagenet_parquet.format import FORMAT_VERSION, class_ids, class_names, read_label_map, shard_schema
+from imagenet_parquet.format import (
+    FINGERPRINT_ALGORITHM,
+    FORMAT_VERSION,
+    class_ids,
+    class_names,
+    read_label_map,
+    shard_schema,
+)
 from tasks.common import SPLITS, PipelineError, atomic_path, disk_errors, dumps_json, write_json, write_text
 from tasks.common.dvc_state import stat_key, state_put
 from tasks.common.layout import BAD_IMAGES
@@ -76,7 +83,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     started = time.perf_counter()
     label_map = read_label_map(job.label_map)
     rows = _rows(job, plan)
-    schema = shard_schema(label_map, job.output_params(), plan.split)
+    schema = shard_schema(label_map, job.output_params(), plan.split, fingerprinted=job.fingerprint)
     tally = _Tally(split=plan.split)
     with disk_errors(shard.parent, shard.name, path_key("parquet"), "finished shards are kept"):  # no partial file
         count, md5 = write_shard(
@@ -157,7 +164,7 @@ def _encoded_rows(
             for row, data in zip(group, images, strict=True):
                 try:
                     enc = encode_image(data, job.policy)
-                    phash = stored_fingerprint(enc.data)  # of the stored (possibly re-encoded) bytes
+                    phash = stored_fingerprint(enc.data) if job.fingerprint else None  # of the stored bytes
                 except BadImage as err:
                     tally.bad.append(
                         {
@@ -173,7 +180,9 @@ def _encoded_rows(
                 yield _shard_row(row, enc, phash, names)
 
 
-def _shard_row(row: dict[str, Any], enc: Encoded, phash: int, names: list[tuple[str | None, str]]) -> dict[str, Any]:
+def _shard_row(
+    row: dict[str, Any], enc: Encoded, phash: int | None, names: list[tuple[str | None, str]]
+) -> dict[str, Any]:
     return {
         "image": {"bytes": enc.data, "path": row["name"]},
         "label": row["label"],
@@ -307,6 +316,7 @@ def _base_key(job: Job) -> str:
         "label_map": _digest(job.label_map),
         "params": job.output_params(),
         "format": FORMAT_VERSION,
+        "fingerprint_algorithm": FINGERPRINT_ALGORITHM,  # new bits for the same bytes: every shard redone
         "pyarrow": pa.__version__,
         "pillow": PIL.__version__,
     }

@@ -1,11 +1,12 @@
 """The shard writer: streams rows into a Parquet file one row group at a time, locating each image value as it is
-written (the footer byte index of imagenet_parquet.format), with fixed settings so the bytes are deterministic."""
+written (the footer byte index of imagenet_parquet.format) and hashing the file (MD5, for DVC) in the same pass,
+with fixed settings so the bytes are deterministic."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import mmap
+import io
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,78 +38,96 @@ class ShardWriter:
     def write(self, rows: Iterator[dict[str, Any]]) -> int:
         """Consume `rows` (dicts in schema order), holding at most one row group in memory; returns the count.
 
-        Each row group's `image.bytes` values are located in the file as written (ImageIndex); their (offset,
-        size) pairs go into the footer under IMAGE_INDEX_KEY, so readers fetch an image with one pread."""
+        Each row group's `image.bytes` values are located in the bytes as the writer hands them to the file
+        (IndexingSink); their (offset, size) pairs go into the footer under IMAGE_INDEX_KEY, so readers fetch an
+        image with one pread."""
         count, pending, size = 0, [], 0
-        with (
-            open(self.path, "w+b") as raw,
-            pq.ParquetWriter(
-                pa.PythonFile(raw, mode="w"), self.schema, memory_pool=memory_pool(), **writer_options()
-            ) as writer,
-        ):
-            index = ImageIndex(raw, self.path)
-            for row in rows:
-                pending.append(row)
-                size += len(row["image"]["bytes"])
-                if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
-                    count += self._flush(writer, pending, index)
-                    pending, size = [], 0
-            count += self._flush(writer, pending, index)
-            writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(index.entries)})
-        with open(self.path, "rb") as written:  # the footer: the only bytes ImageIndex has not hashed yet
-            written.seek(index.done)
-            index.md5.update(written.read())
-        self.md5 = index.md5.hexdigest()
+        with open(self.path, "wb") as raw:
+            sink = IndexingSink(raw, self.path)
+            with pq.ParquetWriter(
+                pa.PythonFile(sink, mode="w"), self.schema, memory_pool=memory_pool(), **writer_options()
+            ) as writer:
+                for row in rows:
+                    pending.append(row)
+                    size += len(row["image"]["bytes"])
+                    if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
+                        count += self._flush(writer, pending, sink)
+                        pending, size = [], 0
+                count += self._flush(writer, pending, sink)
+                writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(sink.entries)})
+        self.md5 = sink.md5.hexdigest()
         return count
 
-    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], index: ImageIndex) -> int:
+    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], sink: IndexingSink) -> int:
         if rows:  # a shard of 0 rows is still a valid file carrying the schema
+            sink.expect([row["image"]["bytes"] for row in rows])
             writer.write_table(to_table(rows, self.schema), row_group_size=len(rows))
-            index.add([row["image"]["bytes"] for row in rows])
+            sink.check()
         return len(rows)
 
 
-@dataclass
-class ImageIndex:
-    """Where each image value landed in the file a ParquetWriter writes through `raw` (opened w+b)."""
+class IndexingSink(io.RawIOBase):
+    """The file object the ParquetWriter writes through (pa.PythonFile): each chunk it is handed goes to `raw`,
+    into the file's MD5 (the whole file in the same pass: no read back), and is searched for the image values of
+    the row group being written (`expect`), which the PLAIN page bodies hold verbatim, in order."""
 
-    raw: Any
-    path: Path
-    done: int = 0  # bytes already searched (and hashed)
-    entries: list[tuple[int, int]] = field(default_factory=list)
-    md5: Any = field(default_factory=hashlib.md5)  # of the bytes before `done`: the file's MD5 in the same pass
+    def __init__(self, raw: Any, path: Path) -> None:
+        super().__init__()
+        self.raw, self.path = raw, path
+        self.md5 = hashlib.md5()
+        self.position = 0  # bytes written so far: the offset of the next chunk in the file
+        self.entries: list[tuple[int, int]] = []
+        self._values: list[bytes] = []  # the row group being written, values not located yet
+        self._next = 0  # the first value of _values not located yet
 
-    def add(self, values: list[bytes]) -> None:
-        """Locate `values` (the row group just written) in the bytes written since the previous call (mmap: the
-        page cache is searched in place, no copy)."""
-        self.raw.flush()
-        end = self.raw.tell()
-        with mmap.mmap(self.raw.fileno(), end, access=mmap.ACCESS_READ) as region:
-            self.entries += locate_values(region, self.done, end, values, self.path)
-            with memoryview(region) as view:
-                self.md5.update(view[self.done : end])
-        self.done = end
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def write(self, data: Any) -> int:
+        chunk = data if isinstance(data, bytes) else bytes(data)
+        self.raw.write(chunk)
+        self.md5.update(chunk)
+        if self._next < len(self._values):
+            found = locate_values(chunk, self.position, self._values[self._next :])
+            self.entries += found
+            self._next += len(found)
+        self.position += len(chunk)
+        return len(chunk)
+
+    def expect(self, values: list[bytes]) -> None:
+        """The image values of the row group about to be written, in row order."""
+        self._values, self._next = values, 0
+
+    def check(self) -> None:
+        """Every value of the row group just written was located, or PipelineError (never a wrong index)."""
+        if self._next < len(self._values):
+            raise PipelineError(
+                f"{self.path}: expected image {self._next} of the row group ({len(self._values[self._next])} "
+                "bytes) stored verbatim (PLAIN, uncompressed image.bytes), found it nowhere in the bytes written; "
+                "writer_options() must keep image.bytes uncompressed and without dictionary"
+            )
+        self._values = []
 
 
-def locate_values(region: mmap.mmap, start: int, end: int, values: list[bytes], path: Path) -> list[tuple[int, int]]:
-    """(file offset, size) of each value within region[start:end], in order.
+def locate_values(chunk: bytes, base: int, values: list[bytes]) -> list[tuple[int, int]]:
+    """(file offset, size) of the first values found in `chunk` (written at file offset `base`), in order; the
+    values after one that is not in it (it comes in a later chunk) are left for the next chunks.
 
     PLAIN, uncompressed binary values appear verbatim as a 4-byte little-endian length then the bytes; each is
-    searched forward from the end of the previous hit. A hit is checked byte for byte, so a recorded offset always
-    holds exactly the value; a value not found raises rather than writing a wrong index."""
-    found, pos = [], start
-    for row, value in enumerate(values):
+    searched forward from the end of the previous hit. A hit is checked byte for byte (`startswith`: no copy), so a
+    recorded offset always holds exactly the value."""
+    found, pos = [], 0
+    for value in values:
         head = struct.pack("<I", len(value)) + value[:64]
-        hit = region.find(head, pos, end)
-        while hit >= 0 and region[hit + 4 : hit + 4 + len(value)] != value:
-            hit = region.find(head, hit + 1, end)
+        hit = chunk.find(head, pos)
+        while hit >= 0 and not chunk.startswith(value, hit + 4):
+            hit = chunk.find(head, hit + 1)
         if hit < 0:
-            raise PipelineError(
-                f"{path}: expected image {row} of the row group ({len(value)} bytes) stored verbatim (PLAIN, "
-                "uncompressed image.bytes), found it nowhere in the bytes written; writer_options() must keep "
-                "image.bytes uncompressed and without dictionary"
-            )
-        found.append((hit + 4, len(value)))
+            break
+        found.append((base + hit + 4, len(value)))
         pos = hit + 4 + len(value)
     return found
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from imagenet_parquet.format import FINGERPRINT_COLUMN
+from imagenet_parquet.format import FINGERPRINT_ALGORITHM, FINGERPRINT_COLUMN, own_metadata
 from tasks.common import SPLITS
 from tasks.common.params import ValidateParams
 from tasks.validate.checks import CheckResult, passed
@@ -136,17 +136,43 @@ def _pieces(hits: np.ndarray) -> list[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------- the shards' fingerprints
-def read_fingerprints(parquet_dir: str | Path, classes: list[str] | None = None) -> dict[str, pd.DataFrame] | None:
-    """Per split: name (image.path), wnid, label, phash, shard (file name) and row, in shard order; None when a
-    shard has no `phash` column (written before format 3). `classes` (the label map's class ids by label): `wnid`
-    is the class as found — the folder name of a dataset not named by wnids — instead of the shards' column."""
+def unchecked_reason(schema: pa.Schema) -> str | None:
+    """Why a shard's fingerprints cannot be searched (None: they can): no column, switched off, another algorithm."""
+    if FINGERPRINT_COLUMN not in schema.names:
+        return (
+            f"the shards carry no `{FINGERPRINT_COLUMN}` column (written before format 3); "
+            "re-run the convert stage to add it"
+        )
+    own = own_metadata(schema.metadata) or {}
+    if (own.get("convert_params") or {}).get("fingerprint") is False:
+        return (
+            f"convert.fingerprint is false, so the shards' `{FINGERPRINT_COLUMN}` is null; set convert.fingerprint: "
+            "true in params.yaml and re-run the convert stage to check near-duplicates"
+        )
+    found = own.get("fingerprint_algorithm")
+    if found != FINGERPRINT_ALGORITHM:
+        return (
+            f"the shards' fingerprints are {found!r}, these distances are calibrated for {FINGERPRINT_ALGORITHM!r}; "
+            "re-run the convert stage"
+        )
+    return None
+
+
+def read_fingerprints(
+    parquet_dir: str | Path, classes: list[str] | None = None
+) -> tuple[dict[str, pd.DataFrame], str | None]:
+    """Per split: name (image.path), wnid, label, phash, shard (file name) and row, in shard order; or no frames
+    and the `unchecked_reason` of the first shard whose fingerprints cannot be searched. `classes` (the label
+    map's class ids by label): `wnid` is the class as found — the folder name of a dataset not named by wnids —
+    instead of the shards' column."""
     frames: dict[str, pd.DataFrame] = {}
     for split, paths in list_shards(parquet_dir).items():
         parts = []
         for path in paths:
             shard = pq.ParquetFile(path)
-            if FINGERPRINT_COLUMN not in shard.schema_arrow.names:
-                return None
+            reason = unchecked_reason(shard.schema_arrow)
+            if reason is not None:
+                return {}, reason
             table = shard.read(columns=["image.path", "wnid", "label", FINGERPRINT_COLUMN], use_threads=False)
             part = pd.DataFrame(
                 {
@@ -159,7 +185,7 @@ def read_fingerprints(parquet_dir: str | Path, classes: list[str] | None = None)
             )
             parts.append(part.assign(shard=path.name, row=np.arange(len(part), dtype=np.int64)))
         frames[split] = pd.concat(parts, ignore_index=True)
-    return frames
+    return frames, None
 
 
 def _classes(table: pa.Table, classes: list[str] | None) -> np.ndarray:
@@ -213,13 +239,10 @@ def near_duplicate_check(
     `classes`: see read_fingerprints."""
     distance, max_pairs = params.near_duplicates_distance, params.near_duplicates_max_pairs
     train_distance, limit = params.near_duplicates_train_distance, params.report_examples
-    prints = read_fingerprints(parquet_dir, classes)
-    if prints is None:
-        message = (
-            f"not checked: the shards carry no `{FINGERPRINT_COLUMN}` column (written before format 3); "
-            "re-run the convert stage to add it"
-        )
-        return CheckResult("near_duplicates", "warn", message), {"checked": False, "distance": distance, "pairs": []}
+    prints, reason = read_fingerprints(parquet_dir, classes)
+    if reason is not None:
+        section = {"checked": False, "reason": reason, "distance": distance, "pairs": []}
+        return CheckResult("near_duplicates", "warn", f"not checked: {reason}"), section
     pairs, groups = train_val_pairs(prints, distance), train_groups(prints, train_distance)
     section = {"checked": True, "distance": distance, "train_groups": groups, "pairs": pairs.to_dict("records")}
     inside = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,11 @@ def exclude_csv(pairs: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def draw_pairs(pairs: list[dict[str, Any]], parquet_dir: Path, total: int) -> Image.Image:
-    """One line per pair: val thumbnail, train thumbnail, names, classes and distance (cross-class in red)."""
+def draw_pairs(
+    pairs: list[dict[str, Any]], parquet_dir: Path, total: int, empty: str = "no near-duplicate pair"
+) -> Image.Image:
+    """One line per pair: val thumbnail, train thumbnail, names, classes and distance (cross-class in red);
+    `empty` is what the picture says when there is none."""
     shown = pairs[:MAX_PICTURED]
     picks: Picks = {
         (split, i): [(parquet_dir / split / p[f"{split}_shard"], int(p[f"{split}_row"]))]
@@ -72,7 +76,7 @@ def draw_pairs(pairs: list[dict[str, Any]], parquet_dir: Path, total: int) -> Im
         for k, text in enumerate(lines):
             draw.text((CAPTION_X, y + 4 + 20 * k), text, fill=colour, font=font)
     if not shown:
-        draw.text((8, 34), "no near-duplicate pair", fill="dimgray", font=font)
+        draw.multiline_text((8, 34), textwrap.fill(empty, 88), fill="dimgray", font=font)
     return sheet
 
 
@@ -81,8 +85,10 @@ def write_near_duplicate_outputs(
 ) -> list[Path]:
     """near_duplicates.png and near_duplicates_exclude.csv under `reports_dir` (atomic), from the report's
     `near_duplicates` section (empty outputs when the check found nothing or could not run)."""
-    pairs = report.get("near_duplicates", {}).get("pairs", [])
+    near = report.get("near_duplicates", {})
+    pairs = near.get("pairs", [])
+    empty = "no near-duplicate pair" if near.get("checked", True) else f"not checked: {near['reason']}"
     out_png = Path(reports_dir) / NEAR_DUPLICATES_PNG
     with atomic_path(out_png, path_key("reports")) as tmp:
-        draw_pairs(pairs, Path(parquet_dir), len(pairs)).save(tmp, "PNG")
+        draw_pairs(pairs, Path(parquet_dir), len(pairs), empty).save(tmp, "PNG")
     return [out_png, write_text(Path(reports_dir) / EXCLUDE_CSV, exclude_csv(pairs), path_key("reports"))]

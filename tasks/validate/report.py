@@ -91,8 +91,9 @@ def metrics(report: dict[str, Any]) -> dict[str, Any]:
     checks = {c["name"]: c for c in report["checks"]}
     out["bad_images"] = report["bad_images"]["count"]
     out["leakage_pairs"] = checks["leakage"]["failures"]
-    if "near_duplicates" in checks:
-        out["near_duplicate_pairs"] = checks["near_duplicates"]["failures"]
+    if "near_duplicates" in checks:  # null when not checked (no fingerprints): no count, rather than a false 0
+        checked = report.get("near_duplicates", {}).get("checked", True)
+        out["near_duplicate_pairs"] = checks["near_duplicates"]["failures"] if checked else None
     out["checks"] = {
         status: sum(c["status"] == status for c in report["checks"]) for status in ("pass", "warn", "fail")
     }
@@ -232,8 +233,10 @@ def _bad_images_section(report: dict[str, Any]) -> list[str]:
 def _near_duplicates_section(report: dict[str, Any]) -> list[str]:
     """The train/val near-duplicate pairs (the first report_examples x 5), with the picture and the exclude list."""
     near = report.get("near_duplicates")
-    if not near or not near["checked"]:
+    if not near:
         return []
+    if not near["checked"]:
+        return ["## Near-duplicates (perceptual fingerprint `phash`)", "", f"**Not checked**: {near['reason']}.", ""]
     pairs, groups = near["pairs"], near["train_groups"]
     lines = [
         "## Near-duplicates (perceptual fingerprint `phash`)",

@@ -176,8 +176,7 @@ def scan_folder_split_to(
     split: str, folder: str | os.PathLike[str], staging_dir: str | os.PathLike[str], root: str | os.PathLike[str] = "."
 ) -> Path:
     """Index `<folder>/<split>/<wnid>/*` (folder mode); return the staging index path."""
-    rows, reported = scan_folder_split(folder, split, root)
-    table = pa.Table.from_pylist(rows, schema=STAGING_SCHEMA)
+    table, reported = scan_folder_split(folder, split, root, STAGING_SCHEMA)
     return _write_staging(Path(staging_dir), split, table, str(Path(folder) / split), reported)
 
 
@@ -260,7 +259,7 @@ def _label(
 ) -> tuple[dict[str, pa.Table], Catalog | None, str]:
     """(tables, the catalog — None for a tree not named by wnids —, label source): archives mode labels val."""
     if mode == "folder":
-        found = {name for table in tables.values() for name in table.column("wnid").to_pylist()}
+        found = {name for table in tables.values() for name in table.column("wnid").unique().to_pylist()}
         return tables, labels.folder_catalog(found, catalog, root), "folder"
     val, known, label_source = label_val(
         tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, root

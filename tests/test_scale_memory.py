@@ -86,3 +86,9 @@ def test_the_folder_scan_keeps_arrow_columns_not_a_dict_per_image(tmp_path):
     assert table.column("source")[0].as_py() == "train/n00000000/n00000000_0.JPEG"
     growth = _growth(lambda n: scan_folder_split(trees[n], "train", trees[n], STAGING_SCHEMA), 5_000, 20_000)
     assert growth < PER_ROW, growth  # one class of dicts at a time
+
+
+def test_curation_without_exclusions_keeps_the_table_uncopied():
+    table = _manifest(1000).select([f.name for f in STAGING_SCHEMA])
+    kept, counts = curate.apply_curation("train", table, curate.Curation())
+    assert kept is table and counts["exclude"]["lines"] == 0

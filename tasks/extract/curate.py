@@ -146,8 +146,10 @@ def apply_curation(
             pa.array([moved[row] for row in rows], pa.string()),
         )
         table = table.set_column(table.schema.get_field_index("wnid"), "wnid", wnids)
-    keep = ~_mask(table.num_rows, [position[line.wnid, line.name] for line in exclude])
-    return table.filter(pa.array(keep)), {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
+    counts = {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
+    if not exclude:
+        return table, counts  # no filtered copy
+    return table.filter(pa.array(~_mask(table.num_rows, [position[line.wnid, line.name] for line in exclude]))), counts
 
 
 def _positions(table: pa.Table, lines: list[Any]) -> dict[tuple[str, str], int]:

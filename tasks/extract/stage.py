@@ -217,6 +217,7 @@ def finalize(
     tables = {split: table for split, (table, _) in staging.items()}
     where = {split: scan["where"] for split, (_, scan) in staging.items()}
     reported = [item for split in SPLITS for item in staging[split][1]["reported"]]
+    del staging  # the tables are replaced as curation goes: no second copy of 13 M rows held
     _log_reported(reported)
     held = None
     if holdout is not None:

@@ -18,6 +18,7 @@ import pytest
 from tasks.acquire import verify as vf
 from tasks.acquire.archive21k import gunzip
 from tasks.common import PipelineError
+from tasks.common.archive_pass import load_prescan
 from tasks.extract import stage as extract
 from tasks.extract.holdout import holdout_value
 from tests.helpers.archives import special, tar_bytes
@@ -90,6 +91,8 @@ def test_a_tar_and_its_tar_gz_through_dvc_repro_give_the_same_shards_and_a_stabl
     md5 = hashlib.md5((src / "winter21_whole.tar").read_bytes()).hexdigest()
     assert verified["archives"]["winter21_whole.tar"]["md5"] == md5
     assert (repo / "data/raw/winter21_whole.tar").samefile(src / "winter21_whole.tar")  # linked, never copied
+    prescan = load_prescan(repo / "data/scratch/prescan", "train", repo / "data/raw/winter21_whole.tar", md5)
+    assert prescan is not None and prescan[0].num_rows == len(names)  # MD5 and index in one read, used by extract
     label_map = json.loads((repo / "data/label_map.json").read_text())
     assert [(c["label"], c["wnid"]) for c in label_map["classes"]] == list(enumerate(sorted(WNIDS)))
     rows = {split: _manifest(repo, split) for split in ("train", "val")}

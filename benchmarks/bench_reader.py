@@ -57,7 +57,7 @@ from tasks.common.params import load_project  # noqa: E402
 from tasks.convert.distribute import run_local  # noqa: E402
 from tasks.convert.job import Job  # noqa: E402
 from tasks.convert.imaging import Policy  # noqa: E402
-from tasks.common.synsets import shipped_synsets
+from tasks.common.synsets import shipped_catalog
 from tasks.extract.classes import label_map as make_label_map  # noqa: E402
 
 
@@ -140,7 +140,7 @@ def build_folder(samples: Path, folder: Path, count: int) -> list[tuple[str, int
 
 def write_inputs(work: Path, samples: list[tuple[str, int]]) -> tuple[Path, Path]:
     """Folder-mode manifest (docs/CONTRACTS.md) + label map for the convert stage."""
-    lmap = make_label_map(sorted({Path(p).parent.name for p, _ in samples}), shipped_synsets(), "folder")
+    lmap = make_label_map(sorted({Path(p).parent.name for p, _ in samples}), shipped_catalog(), "folder")
     manifests = work / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
     table = pa.table({

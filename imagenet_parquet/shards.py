@@ -17,7 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .format import decode_image_index, label_map_from_metadata, own_metadata, read_indexed
+from .format import (
+    HF_METADATA_KEY,
+    METADATA_KEY,
+    decode_image_index,
+    label_map_from_metadata,
+    own_metadata,
+    read_indexed,
+)
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -79,6 +86,9 @@ def willneed(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]]) ->
         os.close(fd)
 
 
+_LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # where a shard's label map is read from
+
+
 def _own_label_map(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
     ours = own_metadata(meta)
     return ours.get("label_map") if ours else None
@@ -115,12 +125,18 @@ class ShardIndex:
         `metadata`: the footers, already parsed (remote shards), instead of reading them from `files`."""
         file_of, group_of, rows, spans = [], [], [], []
         found: dict[str, Any] | None = None
+        parsed: dict[tuple[bytes | None, ...], dict[str, Any] | None] = {}  # one parse per distinct metadata value
         for i, path in enumerate(files):
             meta = metadata[i] if metadata is not None else pq.read_metadata(path)
-            this = (
-                _own_label_map(meta.metadata) if label_map is not None else label_map_from_metadata(meta.metadata, path)
-            )
-            if this is not None and found is not None and this != found:
+            raw = tuple((meta.metadata or {}).get(key) for key in _LABEL_MAP_KEYS)
+            if raw not in parsed:  # 19,000 classes: ~2 MB of JSON a shard, the same in every shard of a split
+                parsed[raw] = (
+                    _own_label_map(meta.metadata)
+                    if label_map is not None
+                    else label_map_from_metadata(meta.metadata, path)
+                )
+            this = parsed[raw]
+            if this is not None and found is not None and this is not found and this != found:
                 raise ValueError(
                     f"{path}: expected the same label map as {files[0]}, found a different one; "
                     "mixing shards from different conversions is not supported"

@@ -276,3 +276,16 @@ def test_shards_with_different_label_maps_are_refused(shards, tmp_path):
 def test_missing_shards_say_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="dvc pull"):
         ParquetImageDataset(tmp_path, "train")
+
+
+def test_the_label_map_is_parsed_once_not_once_per_shard(shards, monkeypatch):
+    """ImageNet-21k: ~2 MB of label-map JSON in every shard's footer; a split's shards carry the same bytes."""
+    import imagenet_parquet.shards as shard_module
+
+    calls = []
+    real = shard_module.label_map_from_metadata
+    monkeypatch.setattr(shard_module, "label_map_from_metadata", lambda *a: calls.append(a) or real(*a))
+    files = sorted((shards / "train").glob("*.parquet"))
+    assert len(files) == 3
+    dataset = ParquetImageDataset(files)
+    assert len(calls) == 1 and len(dataset) == TOTAL

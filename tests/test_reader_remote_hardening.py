@@ -27,6 +27,8 @@ from tests.helpers.project import GIT
 from tests.helpers.servers import RangeServer, free_port, stop_process, wait_http
 
 FAST = {"connect_timeout": 1.0, "read_timeout": 1.0, "object_timeout": 6.0, "retries": 2, "retry_backoff": 0.05}
+# a healthy server on a busy machine (CI: the suite on 2 cores): the defaults' order of timeouts, short backoff
+PATIENT = {"connect_timeout": 10.0, "read_timeout": 30.0, "object_timeout": 60.0, "retries": 3, "retry_backoff": 0.05}
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +225,7 @@ def test_a_server_that_ignores_range_gets_a_precise_error(project, tmp_path):
 def _hammer(project, url: str, cache: Path, one_group: float, seed: int, out) -> None:
     import random
 
-    ds = _remote(project, url, cache, cache_gb=one_group / 1e9)
+    ds = _remote(project, url, cache, cache_gb=one_group / 1e9, **PATIENT)
     local, rng, bad = _local(project), random.Random(seed), []
     try:
         for i in (rng.randrange(TOTAL) for _ in range(60)):

@@ -16,7 +16,7 @@ from tasks.common import PipelineError
 from tasks.validate.contact_sheet import shown_labels, write_contact_sheet
 from tasks.validate.report import REPORT_JSON, REPORT_MD, write_reports
 from tasks.validate.stage import raise_if_failed, run_validation
-from tests.helpers.datasets import Dataset, make_dataset, set_bytes
+from tests.helpers.datasets import Dataset, make_dataset, set_bytes, write_shards
 from tests.helpers.images import jpeg
 from tests.helpers.params import validate_section
 
@@ -248,3 +248,18 @@ def test_missing_inputs_name_the_file_and_the_stage_to_run(tmp_path):
     with pytest.raises(PipelineError, match="val.parquet: expected the val manifest"):
         _run(ds)
 
+
+
+def test_contact_sheet_reads_shards_only_until_every_pick_is_filled(tmp_path):
+    """19,000 classes in ~5,000 hashed-order shards: the sheet's few classes fill from the first shards, the rest
+    are never opened (a missing file past that point is not read)."""
+    from tasks.validate.contact_sheet import select_rows
+
+    files = write_shards(tmp_path / "train", total=12, classes=2, shards=1)
+    val = write_shards(tmp_path / "val", split="val", total=12, classes=2, shards=1)
+    never = tmp_path / "train" / "train-zz-not-there.parquet"
+    picks = select_rows({"train": [*files, never], "val": [*val, never]}, [0, 1], 2)
+    assert picks == {(s, label): [(f[0], 6 * label), (f[0], 6 * label + 1)]
+                     for s, f in (("train", files), ("val", val)) for label in (0, 1)}
+    with pytest.raises(FileNotFoundError):
+        select_rows({"train": [*files, never], "val": val}, [0, 1], 7)  # 6 per class there: looks further

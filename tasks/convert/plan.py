@@ -17,11 +17,12 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -35,6 +36,7 @@ ORDERS = ("hashed", "class")  # convert.order
 ORDER_KEY = b"imagenet-parquet/order/v1"  # the key of the order hash (a new key = a new order of every split)
 LAYOUTS = ("content", "size")  # size: the former balanced ranges named -NNNNN-of-NNNNN (benchmarks compare them)
 PLAN_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]  # a shard's identity (its rows)
+BATCH = 1 << 16  # rows turned into Python objects at a time
 _SAFE_NAME = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_.]{0,159}")
 
 
@@ -82,19 +84,18 @@ def content_ranges(keys: Iterable[str], sizes: Iterable[int], target_bytes: int)
     """The content layout: row i starts a new shard when the shard so far holds >= MIN·target bytes and the hash
     of its key hits (probability size_i / ((1 - MIN)·target), NORMALIZE x that past the target: shards average
     ~0.9 target), or when row i would take the shard over MAX·target. Depends on the rows only — never on the
-    worker count. Empty input: one range."""
-    sizes = list(sizes)
+    worker count. Empty input: one range. Streams: holds no per-row list (13 M rows)."""
     low, high = int(MIN_FRACTION * target_bytes), int(MAX_FRACTION * target_bytes)
     span = max(1, target_bytes - low)
-    bounds, running = [0], 0
+    ranges, start, running, rows = [], 0, 0, 0
     for row, (key, size) in enumerate(zip(keys, sizes, strict=True)):
         odds = size * (NORMALIZE if running >= target_bytes else 1)  # past the target: cuts come sooner
         if running and (running + size > high or (running >= low and _hash64(key) * span < odds << 64)):
-            bounds.append(row)
-            running = 0
+            ranges.append((start, row, running))
+            start, running = row, 0
         running += size
-    bounds.append(len(sizes))
-    return _ranges(sizes, bounds)
+        rows = row + 1
+    return [*ranges, (start, rows, running)]
 
 
 def _ranges(sizes: list[int], bounds: list[int]) -> list[tuple[int, int, int]]:
@@ -136,10 +137,23 @@ def order_rows(table: pa.Table, order: str) -> pa.Table:
         raise ValueError(f"order: expected one of {ORDERS}, found {order!r}")
     if order == "class" or table.num_rows == 0:
         return table
-    hashes = pa.array([order_hash(n) for n in table.column("name").to_pylist()], pa.binary(16))
-    keyed = table.append_column("__order", hashes).append_column("__row", pa.array(range(table.num_rows)))
+    names = _values(table, "name")
+    hashes = pa.chunked_array(
+        [
+            pa.array([order_hash(next(names)) for _ in range(min(BATCH, table.num_rows - first))], pa.binary(16))
+            for first in range(0, table.num_rows, BATCH)
+        ],
+        pa.binary(16),
+    )
+    keyed = table.append_column("__order", hashes).append_column("__row", pa.array(np.arange(table.num_rows)))
     indices = keyed.sort_by([("__order", "ascending"), ("__row", "ascending")]).column("__row")
     return table.take(indices)
+
+
+def _values(table: pa.Table, column: str) -> Iterator[Any]:
+    """A column's Python values, BATCH rows at a time (never the whole column as Python objects)."""
+    for first in range(0, table.num_rows, BATCH):
+        yield from table.column(column).slice(first, BATCH).to_pylist()
 
 
 def plan_split(
@@ -150,39 +164,41 @@ def plan_split(
     Class order cuts on the (wnid, name) key and names shards `<wnid>-<first image>`; hashed order cuts on the
     name alone (a relabel moves no cut) and names shards by the order hash of their first image (sorting like
     the rows)."""
-    columns = {c: table.column(c).to_pylist() for c in PLAN_COLUMNS}
-    sizes, wnids, names = columns["size"], columns["wnid"], columns["name"]
     if layout == "size":
-        ranges = plan_ranges(sizes, target_bytes)
+        ranges = plan_ranges(table.column("size").to_pylist(), target_bytes)
     else:
-        keys = names if order == "hashed" else map(row_key, wnids, names)
-        ranges = content_ranges(keys, sizes, target_bytes)
-    rows = list(zip(*columns.values(), strict=True))
-    stems = _stems(ranges, wnids, names, layout, order)
+        names = _values(table, "name")
+        keys = names if order == "hashed" else map(row_key, _values(table, "wnid"), names)
+        ranges = content_ranges(keys, _values(table, "size"), target_bytes)
+    firsts = [_first(table, start) if stop > start else None for start, stop, _ in ranges]
     plans = []
-    for index, ((start, stop, nbytes), stem) in enumerate(zip(ranges, stems, strict=True)):
+    for index, ((start, stop, nbytes), stem) in enumerate(zip(ranges, _stems(firsts, layout, order), strict=True)):
         digest = hashlib.sha256(f"{base_key}:{split}:{layout}:{order}:{stem}".encode())
-        digest.update(json.dumps(rows[start:stop]).encode())
+        rows = table.select(PLAN_COLUMNS).slice(start, stop - start).to_pylist()
+        digest.update(json.dumps([list(row.values()) for row in rows]).encode())
         plans.append(ShardPlan(split, index, len(ranges), start, stop, nbytes, digest.hexdigest(), stem))
     return plans
 
 
-def _stems(
-    ranges: list[tuple[int, int, int]], wnids: list[str], names: list[str], layout: str, order: str
-) -> list[str]:
-    """Each shard's file stem: `NNNNN-of-NNNNN` (size layout), `<wnid>-<first image>` (class order) or
-    `h<16 hex digits of the first image's order hash>` (hashed order; `-2`, `-3`... on the rare equal name)."""
+def _first(table: pa.Table, row: int) -> tuple[str, str]:
+    return table.column("wnid")[row].as_py(), table.column("name")[row].as_py()
+
+
+def _stems(firsts: list[tuple[str, str] | None], layout: str, order: str) -> list[str]:
+    """Each shard's file stem from its first row's (wnid, name) (None: empty): `NNNNN-of-NNNNN` (size layout),
+    `<wnid>-<first image>` (class order) or `h<16 hex digits of the first image's order hash>` (hashed order;
+    `-2`, `-3`... on the rare equal name)."""
     if layout == "size":
-        return [f"{i:05d}-of-{len(ranges):05d}" for i in range(len(ranges))]
+        return [f"{i:05d}-of-{len(firsts):05d}" for i in range(len(firsts))]
     stems: list[str] = []
     seen: dict[str, int] = {}
-    for start, stop, _ in ranges:
-        if stop <= start:
+    for first in firsts:
+        if first is None:
             stem = "empty"
         elif order == "hashed":
-            stem = "h" + order_hash(names[start]).hex()[:16]
+            stem = "h" + order_hash(first[1]).hex()[:16]
         else:
-            stem = shard_stem(wnids[start], names[start])
+            stem = shard_stem(*first)
         seen[stem] = seen.get(stem, 0) + 1
         stems.append(stem if seen[stem] == 1 else f"{stem}-{seen[stem]}")
     return stems

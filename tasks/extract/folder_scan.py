@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
+
 from tasks.common import PipelineError
 from tasks.common.synsets import class_name_problem
 from tasks.common.tarindex import NOT_IMAGE, NOT_UTF8, collisions, is_image, is_utf8, printable, report
@@ -32,9 +34,11 @@ def _sorted_entries(directory: Path) -> list[os.DirEntry[str]]:
 
 
 def scan_folder_split(
-    folder: str | os.PathLike[str], split: str, root: str | os.PathLike[str]
-) -> tuple[list[Row], list[dict[str, str]]]:
-    """One row per image of `<folder>/<split>/<class>/`, plus report entries (skipped files, empty classes)."""
+    folder: str | os.PathLike[str], split: str, root: str | os.PathLike[str], schema: pa.Schema
+) -> tuple[pa.Table, list[dict[str, str]]]:
+    """One row per image of `<folder>/<split>/<class>/` (a table of `schema`), plus report entries (skipped files,
+    empty classes). Each class's rows become Arrow columns as it is scanned: no Python object per image is kept
+    (~800 B an image as dicts: 10 GB at ImageNet-21k's 13 M)."""
     base = Path(folder) / split
     if not base.is_dir():
         hint = " (or, for a source without a val split, set extract.holdout)" if split != "train" else ""
@@ -42,7 +46,7 @@ def scan_folder_split(
             f"{base}: expected the {split} folder of an ImageFolder tree ({split}/<class>/<image>), "
             f"found no such directory; set extract.folder to the tree's root{hint}"
         )
-    rows: list[Row] = []
+    tables = [schema.empty_table()]
     reported: list[dict[str, str]] = []
     for entry in _sorted_entries(base):
         if not entry.is_dir():
@@ -55,9 +59,9 @@ def scan_folder_split(
                 f"name without control characters or separators), found {problem}; rename or remove it"
             )
         found, notes = _scan_class(Path(entry.path), entry.name, split, root)
-        rows += found
+        tables.append(pa.Table.from_pylist(found, schema=schema))
         reported += notes
-    return rows, reported
+    return pa.concat_tables(tables).combine_chunks(), reported
 
 
 def _scan_class(

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from tasks.common.params import HoldoutParams
 
 HOLDOUT_KEY = b"imagenet-parquet/holdout/v1/"
+BATCH = 1 << 16  # names hashed per step
 HOLDOUT_WHERE = "held out of train (params.yaml extract.holdout)"  # the val split's `where` in messages
 
 
@@ -35,9 +36,18 @@ def is_held_out(names: list[str], holdout: HoldoutParams) -> list[bool]:
 
 def split_holdout(train: pa.Table, holdout: HoldoutParams) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     """(train, val, the report's `holdout` section) of a source scanned as one train split."""
-    held = pa.array(is_held_out(train.column("name").to_pylist(), holdout), pa.bool_())
+    names = train.column("name")
+    held = pa.chunked_array(  # BATCH names at a time as Python strings, never the whole column
+        [
+            pa.array(is_held_out(names.slice(i, BATCH).to_pylist(), holdout), pa.bool_())
+            for i in range(0, len(names), BATCH)
+        ],
+        pa.bool_(),
+    )
     kept, val = train.filter(pc.invert(held)), train.filter(held)
-    classes = {split: set(table.column("wnid").to_pylist()) for split, table in (("train", kept), ("val", val))}
+    classes = {
+        split: set(table.column("wnid").unique().to_pylist()) for split, table in (("train", kept), ("val", val))
+    }
     every = classes["train"] | classes["val"]
     report = {
         "fraction": holdout.fraction,

@@ -182,8 +182,7 @@ def scan_folder_split_to(
     split: str, folder: str | os.PathLike[str], staging_dir: str | os.PathLike[str], root: str | os.PathLike[str] = "."
 ) -> Path:
     """Index `<folder>/<split>/<wnid>/*` (folder mode); return the staging index path."""
-    rows, reported = scan_folder_split(folder, split, root)
-    table = pa.Table.from_pylist(rows, schema=STAGING_SCHEMA)
+    table, reported = scan_folder_split(folder, split, root, STAGING_SCHEMA)
     return _write_staging(Path(staging_dir), split, table, str(Path(folder) / split), reported)
 
 
@@ -224,6 +223,7 @@ def finalize(
     tables = {split: table for split, (table, _) in staging.items()}
     where = {split: scan["where"] for split, (_, scan) in staging.items()}
     reported = [item for split in SPLITS for item in staging[split][1]["reported"]]
+    del staging  # the tables are replaced as curation goes: no second copy of 13 M rows held
     _log_reported(reported)
     held = None
     if holdout is not None:
@@ -266,7 +266,7 @@ def _label(
 ) -> tuple[dict[str, pa.Table], Catalog | None, str]:
     """(tables, the catalog — None for a tree not named by wnids —, label source): archives mode labels val."""
     if mode == "folder":
-        found = {name for table in tables.values() for name in table.column("wnid").to_pylist()}
+        found = {name for table in tables.values() for name in table.column("wnid").unique().to_pylist()}
         return tables, labels.folder_catalog(found, catalog, root), "folder"
     if mode == "archive21k":  # classes = the per-class tars' wnids; their words from extract.catalog
         return tables, labels.catalog_of(catalog, root), "archive21k"

@@ -16,14 +16,22 @@ SORT_KEYS = [(key, "ascending") for key in ("wnid", "name", "source", "member", 
 
 
 def _manifest(split: str, table: pa.Table, label_of: dict[str, int]) -> pa.Table:
-    kept = table.filter(pc.is_in(table.column("wnid"), pa.array(sorted(label_of), pa.string())))
+    inside = pc.is_in(table.column("wnid"), pa.array(sorted(label_of), pa.string()))
+    kept = table if pc.all(inside).as_py() is not False else table.filter(inside)  # every class kept: no copy
     kept = kept.sort_by(SORT_KEYS)
     added = {
-        "split": pa.array([split] * kept.num_rows, pa.string()),
-        "label": pa.array([label_of[w] for w in kept.column("wnid").to_pylist()], pa.int64()),
+        "split": pa.repeat(pa.scalar(split, pa.string()), kept.num_rows),
+        "label": _labels(kept.column("wnid"), label_of),
     }
     arrays = [added[f.name] if f.name in added else kept.column(f.name) for f in MANIFEST_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=MANIFEST_SCHEMA).combine_chunks()
+
+
+def _labels(wnids: pa.ChunkedArray, label_of: dict[str, int]) -> pa.Array:
+    """Each row's label by its class (every class is in `label_of`), without a Python object per row."""
+    keys = sorted(label_of)
+    at = pc.index_in(wnids, value_set=pa.array(keys, pa.string()))
+    return pc.take(pa.array([label_of[k] for k in keys], pa.int64()), at)
 
 
 def write_manifest(manifests_dir: Path, split: str, table: pa.Table) -> None:

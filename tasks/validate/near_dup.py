@@ -158,52 +158,77 @@ def unchecked_reason(schema: pa.Schema) -> str | None:
     return None
 
 
-def read_fingerprints(
-    parquet_dir: str | Path, classes: list[str] | None = None
-) -> tuple[dict[str, pd.DataFrame], str | None]:
-    """Per split: name (image.path), wnid, label, phash, shard (file name) and row, in shard order; or no frames
-    and the `unchecked_reason` of the first shard whose fingerprints cannot be searched. `classes` (the label
-    map's class ids by label): `wnid` is the class as found — the folder name of a dataset not named by wnids —
-    instead of the shards' column."""
-    frames: dict[str, pd.DataFrame] = {}
+@dataclass(frozen=True)
+class Fingerprints:
+    """One split's fingerprints, in shard order: `frame` holds phash (uint64), valid, label (int32), shard (an
+    index into `shards`) and row (int32) — ~21 B a row; names and classes are read for the pairs found only."""
+
+    frame: pd.DataFrame
+    shards: list[Path]
+
+
+def read_fingerprints(parquet_dir: str | Path) -> tuple[dict[str, Fingerprints], str | None]:
+    """Per split the Fingerprints; or none and the `unchecked_reason` of the first shard whose fingerprints
+    cannot be searched. Reads the `phash` and `label` columns only (not `image.path`: ~100 B a row as strings)."""
+    found: dict[str, Fingerprints] = {}
     for split, paths in list_shards(parquet_dir).items():
         parts = []
-        for path in paths:
+        for i, path in enumerate(paths):
             shard = pq.ParquetFile(path)
             reason = unchecked_reason(shard.schema_arrow)
             if reason is not None:
                 return {}, reason
-            table = shard.read(columns=["image.path", "wnid", "label", FINGERPRINT_COLUMN], use_threads=False)
-            part = pd.DataFrame(
-                {
-                    "name": table.column("image").combine_chunks().field("path").to_numpy(zero_copy_only=False),
-                    "wnid": _classes(table, classes),
-                    "label": table.column("label").to_numpy(),
-                    "phash": table.column(FINGERPRINT_COLUMN).fill_null(0).to_numpy(),
-                    "valid": table.column(FINGERPRINT_COLUMN).is_valid().to_numpy(zero_copy_only=False),
-                }
+            table = shard.read(columns=["label", FINGERPRINT_COLUMN], use_threads=False)
+            prints = table.column(FINGERPRINT_COLUMN)
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "phash": prints.fill_null(0).to_numpy(),
+                        "valid": prints.is_valid().to_numpy(zero_copy_only=False),
+                        "label": table.column("label").to_numpy().astype(np.int32),
+                        "shard": np.full(len(table), i, dtype=np.int32),
+                        "row": np.arange(len(table), dtype=np.int32),
+                    }
+                )
             )
-            parts.append(part.assign(shard=path.name, row=np.arange(len(part), dtype=np.int64)))
-        frames[split] = pd.concat(parts, ignore_index=True)
-    return frames, None
+        found[split] = Fingerprints(pd.concat(parts, ignore_index=True), list(paths))
+    return found, None
 
 
-def _classes(table: pa.Table, classes: list[str] | None) -> np.ndarray:
-    found: np.ndarray = table.column("wnid").to_numpy(zero_copy_only=False)
-    if classes is None:
-        return found
-    labels = table.column("label").to_numpy()
-    known = (labels >= 0) & (labels < len(classes))  # a label out of range (failed elsewhere) keeps the shard's
-    found[known] = np.array(classes, dtype=object)[labels[known]]
-    return found
+def _named(prints: Fingerprints, rows: pd.DataFrame, classes: list[str] | None) -> pd.DataFrame:
+    """`rows` (of prints.frame) with name (image.path), wnid (the class as found: the label map's class id by
+    label — the folder name of a dataset not named by wnids — else the shard's column) and shard as a file name,
+    read from their shards only."""
+    names = np.empty(len(rows), dtype=object)
+    wnids = np.empty(len(rows), dtype=object)
+    for shard, at in rows.groupby("shard").indices.items():
+        table = pq.ParquetFile(prints.shards[shard]).read(columns=["image.path", "wnid"], use_threads=False)
+        take = pa.array(rows["row"].to_numpy()[at])
+        names[at] = table.column("image").combine_chunks().field("path").take(take).to_numpy(zero_copy_only=False)
+        wnids[at] = table.column("wnid").take(take).to_numpy(zero_copy_only=False)
+    labels = rows["label"].to_numpy()
+    if classes is not None:
+        known = (labels >= 0) & (labels < len(classes))  # a label out of range (failed elsewhere) keeps the shard's
+        wnids[known] = np.array(classes, dtype=object)[labels[known]]
+    shard_names = np.array([p.name for p in prints.shards], dtype=object)[rows["shard"].to_numpy()]
+    return pd.DataFrame(
+        {
+            "name": names,
+            "wnid": wnids,
+            "label": labels.astype(np.int64),
+            "shard": shard_names,
+            "row": rows["row"].to_numpy().astype(np.int64),
+        }
+    )
 
 
-def train_val_pairs(prints: dict[str, pd.DataFrame], distance: int) -> pd.DataFrame:
+def train_val_pairs(prints: dict[str, Fingerprints], distance: int, classes: list[str] | None = None) -> pd.DataFrame:
     """The train/val pairs within `distance`, one row each (PAIR_COLUMNS + shards/rows + cross_class), sorted:
     cross-class pairs first, then by distance, val name, train name."""
-    train, val = (prints[s][prints[s]["valid"]].reset_index(drop=True) for s in SPLITS)
+    train, val = (prints[s].frame[prints[s].frame["valid"]].reset_index(drop=True) for s in SPLITS)
     found = near_pairs(val["phash"].to_numpy(np.uint64), train["phash"].to_numpy(np.uint64), distance)
-    v, t = val.iloc[found["query"]].reset_index(drop=True), train.iloc[found["indexed"]].reset_index(drop=True)
+    v = _named(prints["val"], val.iloc[found["query"]].reset_index(drop=True), classes)
+    t = _named(prints["train"], train.iloc[found["indexed"]].reset_index(drop=True), classes)
     pairs = pd.concat([v.add_prefix("val_"), t.add_prefix("train_")], axis=1).assign(distance=found["distance"])
     pairs["cross_class"] = pairs["val_label"] != pairs["train_label"]
     pairs = pairs.sort_values(
@@ -213,9 +238,9 @@ def train_val_pairs(prints: dict[str, pd.DataFrame], distance: int) -> pd.DataFr
     return pairs[keep].reset_index(drop=True)
 
 
-def train_groups(prints: dict[str, pd.DataFrame], distance: int) -> dict[str, int]:
+def train_groups(prints: dict[str, Fingerprints], distance: int) -> dict[str, int]:
     """Groups of near-duplicate images inside train (connected components of the pairs within `distance`)."""
-    train = prints["train"]
+    train = prints["train"].frame
     hashes = train.loc[train["valid"], "phash"].to_numpy(np.uint64)
     found = near_pairs(hashes, hashes, distance, self_join=True)
     if found.empty:
@@ -236,14 +261,14 @@ def near_duplicate_check(
     parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None
 ) -> tuple[CheckResult, dict[str, Any]]:
     """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups);
-    `classes`: see read_fingerprints."""
+    `classes`: the label map's class ids by label (see _named)."""
     distance, max_pairs = params.near_duplicates_distance, params.near_duplicates_max_pairs
     train_distance, limit = params.near_duplicates_train_distance, params.report_examples
-    prints, reason = read_fingerprints(parquet_dir, classes)
+    prints, reason = read_fingerprints(parquet_dir)
     if reason is not None:
         section = {"checked": False, "reason": reason, "distance": distance, "pairs": []}
         return CheckResult("near_duplicates", "warn", f"not checked: {reason}"), section
-    pairs, groups = train_val_pairs(prints, distance), train_groups(prints, train_distance)
+    pairs, groups = train_val_pairs(prints, distance, classes), train_groups(prints, train_distance)
     section = {"checked": True, "distance": distance, "train_groups": groups, "pairs": pairs.to_dict("records")}
     inside = (
         f"; inside train: {groups['groups']} group(s) of {groups['images']} images within distance {train_distance}"

@@ -14,10 +14,12 @@ from tasks.common import SPLITS, write_json, write_text
 from tasks.common.layout import REPORT_MD
 from tasks.common.params import ValidateParams, output_keys, path_key
 from tasks.validate.checks import CheckResult
+from tasks.validate.report_changes import _changes_section, _curation_section, _table, table_rows
 
 REPORT_JSON = "schema_report.json"
 CLASS_COUNTS_CSV = "class_counts.csv"
 CONTACT_SHEET = "contact_sheet.png"
+EXAMPLE_LINES = 90  # the example rows of every failed check together: the report stays <= 300 lines
 STATUS_WORD = {"pass": "PASSED", "warn": "PASSED with warnings", "fail": "FAILED"}
 
 
@@ -123,16 +125,6 @@ def write_reports(report: dict[str, Any], reports_dir: Path, metrics_path: Path)
 
 
 # ---------------------------------------------------------------- Markdown
-def _cell(value: Any) -> str:
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows] + [""]
-
-
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Schema and label validation: {STATUS_WORD[report['status']]}", ""]
     lines += _summary_section(report) + _counts_section(report) + _checks_section(report)
@@ -190,14 +182,24 @@ def _counts_section(report: dict[str, Any]) -> list[str]:
             for s, c in counts.items()
         ],
     )
-    outside = [
-        [s, r["label"], r["wnid"], r["name"], r["count"]] for s, c in counts.items() for r in c["out_of_bounds"]
-    ][: report["params"]["report_examples"]]
+    outside = sorted(
+        (
+            [s, r["label"], r["wnid"], r["name"], r["count"], _beyond(r["count"], c["bounds"])]
+            for s, c in counts.items()
+            for r in c["out_of_bounds"]
+        ),
+        key=lambda row: (-row[5], row[0], row[1]),
+    )
     if outside:
-        lines += ["Classes out of bounds (first ones):", ""] + _table(
-            ["split", "label", "wnid", "name", "count"], outside
-        )
+        shown = outside[: table_rows(report)]
+        lines += [f"Classes out of bounds ({len(shown)} of {len(outside)}, farthest outside first):", ""]
+        lines += _table(["split", "label", "wnid", "name", "count", "outside by"], shown)
     return lines
+
+
+def _beyond(count: int, bounds: list[int]) -> int:
+    """How many images a class count lies outside its bounds."""
+    return max(bounds[0] - count, count - bounds[1], 0)
 
 
 def _checks_section(report: dict[str, Any]) -> list[str]:
@@ -208,15 +210,30 @@ def _checks_section(report: dict[str, Any]) -> list[str]:
 
 
 def _examples_section(report: dict[str, Any]) -> list[str]:
-    lines = []
-    for check in report["checks"]:
-        if check["status"] == "pass":
-            continue
+    """Per failed check or warning its message and example rows: all report_examples of them while few checks
+    fail, fewer when many do; when not even one row each fits in EXAMPLE_LINES, one table of every such check
+    with its first example row (the messages are in the summary above)."""
+    shown = [check for check in report["checks"] if check["status"] != "pass"]
+    if not shown:
+        return []
+    rows = min(report["params"]["report_examples"], EXAMPLE_LINES // len(shown) - 10)
+    lines = ["## Failed checks and warnings (example rows)", ""]
+    if rows < 1:
+        first = [[f"`{c['name']}`", c["status"].upper(), c["failures"], _row_text(c["examples"][:1])] for c in shown]
+        return lines + _table(["check", "status", "failures", "first example (all: schema_report.json)"], first)
+    for check in shown:
         lines += [f"### `{check['name']}`: {check['status'].upper()}", "", check["message"], ""]
         if check["examples"]:
-            header = list(dict.fromkeys(k for row in check["examples"] for k in row))
-            lines += _table(header, [[row.get(k) for k in header] for row in check["examples"]])
-    return (["## Failed checks and warnings (example rows)", ""] + lines) if lines else []
+            examples = check["examples"][:rows]
+            header = list(dict.fromkeys(k for row in examples for k in row))
+            lines += _table(header, [[row.get(k) for k in header] for row in examples])
+            if len(check["examples"]) > rows:
+                lines += [f"({len(examples)} of {len(check['examples'])} example rows: schema_report.json)", ""]
+    return lines
+
+
+def _row_text(rows: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{k}={v}" for row in rows for k, v in row.items())
 
 
 def _bad_images_section(report: dict[str, Any]) -> list[str]:
@@ -224,9 +241,10 @@ def _bad_images_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Bad images from conversion (quarantined)", "", f"{bad['count']} image(s) in bad_images.jsonl.", ""]
     if bad["count"]:
         reasons = sorted(bad["by_reason"].items(), key=lambda item: (-item[1], item[0]))
-        lines += _table(["reason", "images"], [[r, n] for r, n in reasons[: report["params"]["report_examples"]]])
-        header = list(dict.fromkeys(k for row in bad["examples"] for k in row))
-        lines += _table(header, [[row.get(k) for k in header] for row in bad["examples"]])
+        lines += _table(["reason", "images"], [[r, n] for r, n in reasons[: table_rows(report)]])
+        examples = bad["examples"][: table_rows(report)]
+        header = list(dict.fromkeys(k for row in examples for k in row))
+        lines += _table(header, [[row.get(k) for k in header] for row in examples])
     return lines
 
 
@@ -258,7 +276,7 @@ def _near_duplicates_section(report: dict[str, Any]) -> list[str]:
             ),
             "",
         ]
-        shown = pairs[: 5 * report["params"]["report_examples"]]
+        shown = pairs[: 2 * table_rows(report)]
         lines += _table(
             ["val name", "val class", "train name", "train class", "distance", "cross-class"], _pair_rows(shown)
         )
@@ -278,36 +296,3 @@ def _schema_section(report: dict[str, Any]) -> list[str]:
     )
     lines += [f"Schema metadata: {', '.join(f'`{k}`' for k in report['schema']['metadata'])}.", ""]
     return lines + ["Params (`validate:`): " + ", ".join(f"`{k}={v}`" for k, v in report["params"].items()), ""]
-
-
-def _curation_section(report: dict[str, Any]) -> list[str]:
-    """The curation lines the extract stage applied (params.yaml curate:), by reason and class."""
-    cur = report.get("curation") or {}
-    rows = [
-        [kind, split, reason, n, ", ".join(f"{c} ({k})" for c, k in sorted(cur[kind][split]["by_class"].items()))]
-        for kind in ("exclude", "relabel")
-        for split in SPLITS
-        for reason, n in sorted(cur.get(kind, {}).get(split, {}).get("by_reason", {}).items())
-    ]
-    files = ", ".join(f"{k}: `{v}`" for k, v in sorted((cur.get("files") or {}).items()))
-    lines = ["## Curation applied", "", f"Files: {files or 'none'}.", ""]
-    return lines + (_table(["kind", "split", "reason", "images", "classes"], rows) if rows else ["No lines.", ""])
-
-
-def _changes_section(report: dict[str, Any]) -> list[str]:
-    """Changes since the previous version (versions/index.json): images per class, shards rewritten."""
-    changes = report.get("changes")
-    lines = ["## Changes since the previous version", ""]
-    if not changes or not changes["previous"]:
-        return lines + ["No previous version recorded (versions/index.json): this is the first.", ""]
-    if changes["label_map_changed"]:
-        lines += ["The class set changed: label ids after the change moved, every shard carries the new map.", ""]
-    for split in SPLITS:
-        c = changes[split]
-        rewritten = ", ".join(f"`{n}`" for n in c["shards_rewritten"]) or "none"
-        count = f"{len(c['shards_rewritten'])} of {c['shards']} shards rewritten"
-        lines += [f"**{split}**: {count} ({rewritten}); {len(c['shards_removed'])} removed.", ""]
-        if c["classes"]:
-            header = ["wnid", "before", "after", "added", "removed", "relabelled_in", "relabelled_out"]
-            lines += _table(header, [[row[k] for k in header] for row in c["classes"]])
-    return lines

@@ -1,0 +1,94 @@
+"""Extract and plan hold no Python object per image (issue 22, item 3: ImageNet-21k's 13 M images would need
+~10 GB at the ~800 B an image they used to hold as dicts, tuples and lists). Python allocations are traced
+(tracemalloc; Arrow's own buffers are not Python objects and are not counted): from a small input to one 4x
+larger, the peak grows by far less than one small object per added row (batches and one shard's or one class's
+rows at a time are a constant)."""
+from __future__ import annotations
+
+import tracemalloc
+
+import pyarrow as pa
+
+from tasks.convert.plan import order_rows, plan_split
+from tasks.extract import curate
+from tasks.extract.folder_scan import scan_folder_split
+from tasks.extract.stage import STAGING_SCHEMA
+
+ROWS = 280_000  # ROWS // 4 > 65,536 (plan.BATCH): both sizes hold a full batch of names
+PER_ROW = 8  # bytes of Python objects per added row at most (a str alone is ~60 B; the old code held ~800 B)
+
+
+def _peak(fn, *args):
+    tracemalloc.start()
+    try:
+        result = fn(*args)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _manifest(rows: int) -> pa.Table:
+    return pa.table({
+        "label": pa.array([i % 1000 for i in range(rows)], pa.int64()),
+        "wnid": pa.array([f"n{i % 1000:08d}" for i in range(rows)]),
+        "name": pa.array([f"n{i % 1000:08d}_{i}.JPEG" for i in range(rows)]),
+        "source": pa.array(["train.tar"] * rows),
+        "member": pa.array([f"n{i % 1000:08d}.tar" for i in range(rows)]),
+        "offset": pa.array(range(rows), pa.int64()),
+        "size": pa.array([100_000 + i % 7919 for i in range(rows)], pa.int64()),
+    })
+
+
+def _growth(run, small: int, large: int) -> float:
+    """Bytes of traced Python allocations per added row, from the peak of `run(small)` to that of `run(large)`."""
+    run(small)  # caches and lazy imports warmed
+    return (_peak(run, large)[1] - _peak(run, small)[1]) / (large - small)
+
+
+def test_planning_holds_no_python_object_per_row():
+    tables = {rows: _manifest(rows) for rows in (ROWS // 4, ROWS)}
+    for order in ("hashed", "class"):
+        plans = plan_split("train", order_rows(tables[ROWS], order), 256 << 20, "base", order=order)
+        assert sum(p.stop - p.start for p in plans) == ROWS and len(plans) > 50
+        growth = _growth(lambda n: plan_split("train", order_rows(tables[n], order), 256 << 20, "base", order=order),
+                         ROWS // 4, ROWS)
+        assert growth < PER_ROW, (order, growth)
+
+
+def test_curation_touches_only_the_rows_its_lines_name(tmp_path):
+    table = _manifest(ROWS).select([f.name for f in STAGING_SCHEMA])
+    lines = "split,wnid,name,new_wnid,reason\ntrain,n00000007,n00000007_1007.JPEG,n00000008,moved\n"
+    exclude = "split,wnid,name,reason\ntrain,n00000003,n00000003_3.JPEG,blurry\n"
+    (tmp_path / "exclude.csv").write_text(exclude)
+    (tmp_path / "relabel.csv").write_text(lines)
+    cur = curate.read_curation(tmp_path / "exclude.csv", tmp_path / "relabel.csv")
+    kept, counts = curate.apply_curation("train", table, cur)
+    assert kept.num_rows == ROWS - 1 and counts["exclude"]["by_class"] == {"n00000003": 1}
+    moved = kept.filter(pa.compute.equal(kept.column("name"), "n00000007_1007.JPEG")).column("wnid").to_pylist()
+    assert moved == ["n00000008"]
+    growth = _growth(lambda n: curate.apply_curation("train", table.slice(0, n), cur), ROWS // 4, ROWS)
+    assert growth < PER_ROW, growth
+
+
+def _tree(root, classes: int, per_class: int = 200):
+    for c in range(classes):
+        folder = root / "train" / f"n{c:08d}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            (folder / f"n{c:08d}_{i}.JPEG").write_bytes(b"\xff\xd8")
+    return root
+
+
+def test_the_folder_scan_keeps_arrow_columns_not_a_dict_per_image(tmp_path):
+    trees = {n: _tree(tmp_path / str(n), n // 200) for n in (5_000, 20_000)}
+    table, reported = scan_folder_split(trees[20_000], "train", trees[20_000], STAGING_SCHEMA)
+    assert table.num_rows == 20_000 and not reported
+    assert table.column("source")[0].as_py() == "train/n00000000/n00000000_0.JPEG"
+    growth = _growth(lambda n: scan_folder_split(trees[n], "train", trees[n], STAGING_SCHEMA), 5_000, 20_000)
+    assert growth < PER_ROW, growth  # one class of dicts at a time
+
+
+def test_curation_without_exclusions_keeps_the_table_uncopied():
+    table = _manifest(1000).select([f.name for f in STAGING_SCHEMA])
+    kept, counts = curate.apply_curation("train", table, curate.Curation())
+    assert kept is table and counts["exclude"]["lines"] == 0

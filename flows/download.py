@@ -10,6 +10,7 @@ from typing import Any
 from prefect import flow, task
 
 from flows.cli import main
+from tasks.acquire import archive21k
 from tasks.acquire import download as dl
 from tasks.common.params import load_project
 
@@ -29,19 +30,25 @@ space_needed = task(name="space-needed")(dl.space_needed)
 check_free_space = task(name="check-free-space")(dl.check_free_space)
 fetch_sample = task(name="write-sample")(dl.fetch_sample)
 fetch_archive = task(name="fetch-archive", retries=2, retry_condition_fn=_network_failure)(dl.fetch_archive)
+fetch_gzipped = task(name="fetch-and-decompress", retries=2, retry_condition_fn=_network_failure)(
+    archive21k.fetch_gzipped
+)
 write_download_json = task(name="write-download-json")(dl.write_download_json)
 
 
 @flow(name="download", log_prints=True)
 def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]:
     job = dl.plan(load_project(params_file))
-    check_local_sources(job.sources, job.root)
+    check_local_sources(job.sources, job.root, job.layout is not None)
     check_free_space(job.raw_dir, space_needed(job.sources, job.raw_dir, job.opts, job.cache_file))
     records = fetch_sample(job.raw_dir, job.sample, job.cache_file) if job.uses_sample else {}
     fetch = fetch_archive.with_options(retry_delay_seconds=4 * job.opts.backoff_s)
     for name, source in job.fetched().items():
-        records[name] = fetch(name, source, job.raw_dir, job.opts, job.cache_file, job.root)
-    write_download_json(job.raw_dir, job.source, records, job.folder)
+        if job.gzipped:  # archive21k's .tar.gz: fetched, then decompressed once into its .tar
+            records |= fetch_gzipped(name, source, job.raw_dir, job.opts, job.cache_file, job.root)
+            continue
+        records[name] = fetch(name, source, job.raw_dir, job.opts, job.cache_file, job.root, job.split_of.get(name))
+    write_download_json(job.raw_dir, job.source, records, job.folder, job.layout)
     return records
 
 

@@ -21,7 +21,11 @@ def verify_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     project = load_project(params_file)
     raw_dir, cache_file = project.path("raw"), project.path("work") / CACHE_NAME
     table, expected = expected_md5s(project.params.verify.checksums, raw_dir, project.root)
-    results = {name: check_archive(name, raw_dir, md5, cache_file, table) for name, md5 in expected.items()}
+    splits = vf.archive_splits(raw_dir)
+    results = {
+        name: check_archive(name, raw_dir, md5, cache_file, table, split=splits.get(name))
+        for name, md5 in expected.items()
+    }
     write_verify_json(raw_dir, table, results)
     return {"archives": results, "checksums": table}
 

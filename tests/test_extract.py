@@ -165,7 +165,7 @@ def test_bad_class_list_param_fails_early(tmp_path):
     for spec, message in ((str(bad), r"bad.txt:2: .*'foo'"), ("imagenet1000", "no such file")):
         with pytest.raises(PipelineError, match=message):
             extract.job_from_params(project(tmp_path, extract={"classes": spec}))
-    with pytest.raises(PipelineError, match="extract.mode: expected one of archives, folder, found 'zip'"):
+    with pytest.raises(PipelineError, match="extract.mode: expected one of archives, folder, archive21k, found 'zip'"):
         project(tmp_path, extract={"mode": "zip"})
 
 

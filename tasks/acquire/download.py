@@ -10,6 +10,7 @@ by the sample's writer, or — for a linked local archive — in one read that a
 extract stage (tasks.common.archive_pass; verify then reads nothing). The stage runs on every `dvc repro`
 (`always_changed`): an MD5 is reused while the file's (size, mtime_ns, inode) is unchanged (tasks.acquire.md5state,
 in paths.work), so download.json — and therefore every later stage — changes only when an archive's content did.
+ImageNet-21k's one archive (extract.mode: archive21k) is fetched the same way: tasks.acquire.archive21k.
 Folder mode makes no archive (and no sample): `folder` holds a digest of every file's path, size, mtime_ns and
 inode (reading 1.28 M files on every run to hash their content would cost more than the pipeline)."""
 
@@ -24,10 +25,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks.acquire import archive21k
 from tasks.acquire.fetch import FetchOptions, RetryableError, kind, part_path, redact, remote_size, resumable_download
 from tasks.acquire.md5state import CACHE_NAME, SPLIT_OF, archive_md5, cached_md5, prescan_dir, remember_md5
 from tasks.acquire.sample import MD5_TABLE, write_sample
 from tasks.common import ARCHIVES, PipelineError, atomic_path, write_json
+from tasks.common.archive21k import LAYOUT_KEY, layout
 from tasks.common.archive_pass import StreamIndex, save_prescan
 from tasks.common.dvc_state import stat_key
 from tasks.common.params import DownloadParams, Project, SampleParams, resolve_path
@@ -67,6 +70,17 @@ class Download:
     opts: FetchOptions
     sample: SampleParams
     folder: Path | None = None  # folder mode (extract.mode: folder): the tree; no archive is made
+    layout: dict[str, str] | None = None  # archive21k mode: {"archive": as published, "tar": what extract reads}
+
+    @property
+    def split_of(self) -> dict[str, str]:
+        """Archive name -> the split its images belong to, where the name does not say (archive21k's .tar)."""
+        return {self.layout["tar"]: "train"} if self.layout else {}
+
+    @property
+    def gzipped(self) -> bool:
+        """archive21k mode with a .tar.gz: decompressed once after it is fetched (tasks.acquire.archive21k)."""
+        return self.layout is not None and self.layout["tar"] != self.layout["archive"]
 
     @property
     def uses_sample(self) -> bool:
@@ -81,15 +95,17 @@ def plan(project: Project) -> Download:
     """The stage's job from params.yaml `download:`, `sample:` and `paths:`."""
     params, extract = project.params.download, project.params.extract
     folder = project.resolve(extract.folder) if extract.mode == "folder" and extract.folder else None
+    one = extract.mode == "archive21k"
     return Download(
         project.path("raw"),
         project.path("work") / CACHE_NAME,
         project.root,
         params.source,
-        {} if folder else archive_sources(params),
+        {} if folder else archive21k.archive_source(params) if one else archive_sources(params),
         FetchOptions.from_params(params),
         project.params.sample,
         folder,
+        layout(params) if one else None,
     )
 
 
@@ -117,10 +133,16 @@ def local_path(source: str, root: Path = Path(".")) -> Path:
     return resolve_path(root, source)
 
 
-def check_local_sources(sources: dict[str, str], root: Path = Path(".")) -> None:
-    """Fail before touching anything when local sources are missing, naming all of them at once."""
+def check_local_sources(sources: dict[str, str], root: Path = Path("."), one_archive: bool = False) -> None:
+    """Fail before touching anything when local sources are missing, naming all of them at once (`one_archive`:
+    archive21k mode's download.archive)."""
     paths = [local_path(s, root) for s in sources.values() if kind(s) == "local"]
     missing = [str(path) for path in paths if not path.is_file()]
+    if missing and one_archive:
+        raise PipelineError(
+            f"expected the archive of per-class tars (params.yaml download.archive) at {missing[0]}, found no such "
+            "file. Set download.archive to its file name under download.source, or to its full path or URL."
+        )
     if missing:
         raise PipelineError(
             f"expected the ILSVRC2012 archives at {', '.join(missing)}, found no such file"
@@ -187,28 +209,37 @@ def _origin(source: str) -> str:
 
 
 def fetch_archive(
-    name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path, root: Path = Path(".")
+    name: str,
+    source: str,
+    raw_dir: Path,
+    opts: FetchOptions,
+    cache_file: Path,
+    root: Path = Path("."),
+    split: str | None = None,
 ) -> dict[str, Any]:
-    """Bring one archive to raw_dir/name; returns its download.json record."""
+    """Bring one archive to raw_dir/name; returns its download.json record (`split`: the split of its images when
+    the name does not say: archive21k's .tar, indexed as it is hashed)."""
     dest = raw_dir / name
     how = kind(source)
     if how == "local":
         link = link_local(source, dest, root)
-        known, _seen = archive_md5(dest, cache_file, prescan_dir(cache_file), _origin(source))
+        known, _seen = archive_md5(dest, cache_file, prescan_dir(cache_file), _origin(source), split=split)
         return {"source": source, "bytes": dest.stat().st_size, "md5": known, "method": "local", "link": link}
     md5 = _unchanged_download(dest, source, cache_file)
     if md5 is None:
         raw_dir.mkdir(parents=True, exist_ok=True)
-        md5 = _download_and_index(name, source, dest, opts, cache_file)
+        md5 = _download_and_index(name, source, dest, opts, cache_file, split)
         remember_md5(dest, md5, cache_file, _origin(source))
     return {"source": redact(source), "bytes": dest.stat().st_size, "md5": md5, "method": how}
 
 
-def _download_and_index(name: str, source: str, dest: Path, opts: FetchOptions, cache_file: Path) -> str:
+def _download_and_index(
+    name: str, source: str, dest: Path, opts: FetchOptions, cache_file: Path, split: str | None = None
+) -> str:
     """Download one archive; the train and val archives are indexed for the extract stage as the bytes arrive (the
     prescan, tasks.common.archive_pass), so after the network read nothing reads the archive again before convert.
     Returns the MD5 computed on the way in."""
-    split = SPLIT_OF.get(name)
+    split = split or SPLIT_OF.get(name)
     size = remote_size(source, opts) if split else None
     if split is None or not size:  # the devkit, or a size nobody announced: downloaded only
         return resumable_download(source, dest, opts, size=size)[1]
@@ -267,15 +298,22 @@ def space_needed(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cac
 
 
 def write_download_json(
-    raw_dir: Path, source: str, records: dict[str, dict[str, Any]], folder: Path | None = None
+    raw_dir: Path,
+    source: str,
+    records: dict[str, dict[str, Any]],
+    folder: Path | None = None,
+    layout: dict[str, str] | None = None,
 ) -> Path:
-    """download.json (docs/CONTRACTS.md), plus one printed line per archive (folder mode: the tree's digest)."""
+    """download.json (docs/CONTRACTS.md), plus one printed line per archive (folder mode: the tree's digest;
+    `layout`: archive21k mode's files, recorded under `archive21k`)."""
     for name, r in sorted(records.items()):
         print(f"{name}: {r['bytes']:,} bytes, MD5 {r['md5']}, {r.get('link', r['method'])} from {r['source']}")
     if any(r["method"] != "sample" for r in records.values()):
         (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
     archives = {name: {key: r[key] for key in RECORD_KEYS} for name, r in records.items()}
     doc: dict[str, Any] = {"source": redact(source), "archives": archives}
+    if layout is not None:
+        doc[LAYOUT_KEY] = layout
     if folder is not None:
         doc = {"source": "folder", "archives": {}, "folder": tree_stat(folder)}
         print(f"folder mode: {doc['folder']['files']:,} files under {folder}, no archive needed")

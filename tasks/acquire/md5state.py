@@ -76,16 +76,19 @@ def compute_md5(path: str | os.PathLike[str], chunk: int = CHUNK, progress: bool
     return digest.hexdigest()
 
 
-def archive_md5(path: Path, cache_file: Path, prescan_dir: Path, origin: str, progress: bool = True) -> tuple[str, str]:
+def archive_md5(
+    path: Path, cache_file: Path, prescan_dir: Path, origin: str, progress: bool = True, split: str | None = None
+) -> tuple[str, str]:
     """(md5, where it came from): reused when the file is unchanged since it was last hashed, else computed — for
-    the train and val archives in the same read that indexes their tar headers for the extract stage
-    (tasks.common.archive_pass: the index is kept under `prescan_dir`). Recorded with `origin` (who hashed it)."""
+    the train and val archives (`split`, else by name: SPLIT_OF) in the same read that indexes their tar headers for
+    the extract stage (tasks.common.archive_pass: the index is kept under `prescan_dir`). Recorded with `origin`
+    (who hashed it)."""
     md5, seen = cached_md5(path, cache_file)
     if md5:
         if seen == "dvc-state":  # DVC hashed it (e.g. a linked archive tracked elsewhere): keep it here too
             remember_md5(path, md5, cache_file, seen, dvc=False)
         return md5, seen
-    split = SPLIT_OF.get(path.name)
+    split = split or SPLIT_OF.get(path.name)
     if split is None:
         md5 = compute_md5(path, progress=progress)
     else:

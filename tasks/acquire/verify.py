@@ -7,7 +7,9 @@ tasks.common.archive_pass, used by extract only for the MD5 accepted here). A mi
 to `<name>.corrupt` (so nothing downstream can read it; an older `.corrupt` is replaced, and removed once the
 archive matches again); every archive is checked, then the stage fails naming each bad one with both MD5s and what
 to do. `verify.json` is written only when every archive matched. In folder mode (download.json has `folder`) there
-is no archive: verify.json carries the tree's digest, so the extract stage reruns when the tree changes."""
+is no archive: verify.json carries the tree's digest, so the extract stage reruns when the tree changes. ImageNet-21k's
+one archive (download.json has `archive21k`) is checked against a table when verify.checksums names one, else its MD5
+is recorded and the output says that nothing was compared (tasks.acquire.archive21k)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tasks.acquire import archive21k
+from tasks.acquire.archive21k import NOT_COMPARED
 from tasks.acquire.md5state import archive_md5, forget_md5, prescan_dir
 from tasks.acquire.sample import MD5_TABLE
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError, write_json
+from tasks.common.archive21k import LAYOUT_KEY
 from tasks.common.files import UnfitFile, read_small_text
 from tasks.common.params import resolve_path
 
@@ -47,7 +52,7 @@ def read_md5_table(path: Path) -> dict[str, str]:
     return {name: md5.lower() for name, md5 in rows}
 
 
-def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tuple[str, dict[str, str]]:
+def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tuple[str, dict[str, str | None]]:
     """(table kind, {archive name: expected md5}) for `verify.checksums`: auto | official | sample | <path>
     (relative to `root`, the project).
 
@@ -55,6 +60,9 @@ def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tupl
     (raw_dir / "verify.json").unlink(missing_ok=True)
     if _folder(raw_dir) is not None:
         return "none (folder mode)", {}
+    entry = archive21k.recorded_layout(raw_dir)
+    if entry is not None:
+        return _expected_21k(checksums, raw_dir, root, entry)
     if checksums == "auto":
         download = raw_dir / "download.json"
         methods = (
@@ -72,6 +80,26 @@ def expected_md5s(checksums: str, raw_dir: Path, root: Path = Path(".")) -> tupl
             f"{sorted(table)}. Add the missing rows or choose another verify.checksums."
         )
     return str(checksums), {name: table[name] for name in ARCHIVES.values()}
+
+
+def _expected_21k(
+    checksums: str, raw_dir: Path, root: Path, entry: dict[str, str]
+) -> tuple[str, dict[str, str | None]]:
+    """archive21k mode: the archive against a table (verify.checksums: a path), or nothing to compare with (auto)."""
+    if checksums in ("official", "sample"):
+        raise PipelineError(
+            f"params.yaml verify.checksums: expected auto (no table: the MD5 is recorded, not compared) or a "
+            f"name<TAB>md5 table with a row for {entry['archive']} in extract.mode: archive21k, found {checksums} "
+            "(that table lists the ILSVRC2012 archives only)"
+        )
+    table = None if checksums == "auto" else read_md5_table(resolve_path(root, checksums))
+    return (NOT_COMPARED if table is None else checksums), archive21k.expected_md5s(checksums, raw_dir, entry, table)
+
+
+def archive_splits(raw_dir: Path) -> dict[str, str]:
+    """Archive name -> the split its images belong to where the name does not say (archive21k's .tar: train)."""
+    entry = archive21k.recorded_layout(raw_dir)
+    return {entry["tar"]: "train"} if entry else {}
 
 
 def _corrupt_path(path: Path) -> Path:
@@ -101,11 +129,18 @@ def clear_quarantine(path: Path) -> None:
 
 
 def check_archive(
-    name: str, raw_dir: Path, expected: str, cache_file: Path, table: str, progress: bool = True
+    name: str,
+    raw_dir: Path,
+    expected: str | None,
+    cache_file: Path,
+    table: str,
+    progress: bool = True,
+    split: str | None = None,
 ) -> dict[str, Any]:
     """Verify one archive; returns its verify.json entry plus `md5_from` (not written to verify.json). An MD5 not
     known yet is computed in the pass that also indexes the archive for the extract stage (its prescan, under the
-    same scratch directory as `cache_file`)."""
+    same scratch directory as `cache_file`; `split`: see archive_splits). `expected` None: no table to compare
+    with (archive21k mode without one): the MD5 is recorded, and said to be compared with nothing."""
     path = raw_dir / name
     if not path.is_file():
         raise PipelineError(
@@ -113,8 +148,8 @@ def check_archive(
             f"{' but a broken link' if path.is_symlink() else ''}. Run `dvc repro download` "
             "or fix download.source in params.yaml."
         )
-    md5, origin = archive_md5(path, cache_file, prescan_dir(cache_file), "verify", progress)
-    if md5 != expected:
+    md5, origin = archive_md5(path, cache_file, prescan_dir(cache_file), "verify", progress, split)
+    if expected is not None and md5 != expected:
         linked = f" (it is a link to {path.resolve()}: that copy is damaged)" if path.is_symlink() else ""
         size = path.stat().st_size
         corrupt = quarantine(path, cache_file)
@@ -140,9 +175,15 @@ def write_verify_json(raw_dir: Path, table: str, results: dict[str, dict[str, An
     archives = {name: {k: v for k, v in r.items() if k != "md5_from"} for name, r in results.items()}
     for name, r in sorted(results.items()):
         how = "computed now" if r["md5_from"] == "computed" else f"reused: {r['md5_from']}"
-        print(f"{name}: MD5 {r['md5']} matches the {table} table ({how})")
-    folder = _folder(raw_dir)
-    extra = {"folder": folder} if folder is not None else {}
+        if r["expected"] is None:
+            print(
+                f"{name}: MD5 {r['md5']} ({how}) NOT COMPARED: there is no MD5 table (verify.checksums: auto); "
+                "recorded in verify.json. Set verify.checksums to a name<TAB>md5 table to check the archive"
+            )
+        else:
+            print(f"{name}: MD5 {r['md5']} matches the {table} table ({how})")
+    folder, layout = _folder(raw_dir), archive21k.recorded_layout(raw_dir)
+    extra = {"folder": folder} if folder is not None else {LAYOUT_KEY: layout} if layout else {}
     return write_json(raw_dir / "verify.json", {"archives": archives, "checksums": table, **extra})
 
 

@@ -87,12 +87,16 @@ class DownloadParams(Section):
     train: Text | None = Field(description="a path or URL of this archive (null: <source>/<official name>)")
     val: Text | None = Field(description="a path or URL of this archive (null: <source>/<official name>)")
     devkit: Text | None = Field(description="a path or URL of this archive (null: <source>/<official name>)")
+    archive: Text | None = Field(
+        description="the ImageNet-21k archive (extract.mode: archive21k): a file name under download.source, or a "
+        "path or URL; .tar, .tar.gz or .tgz (null: ILSVRC2012's three archives)"
+    )
     retries: int = Field(ge=0, le=1000, json_schema_extra=SPEED_ONLY)
     backoff_s: float = Field(ge=0, le=3600, json_schema_extra=SPEED_ONLY)
     timeout_s: float = Field(gt=0, le=86400, json_schema_extra=SPEED_ONLY)
     chunk_mb: float = Field(gt=0, le=1024, json_schema_extra=SPEED_ONLY)
 
-    @field_validator("source", "train", "val", "devkit")
+    @field_validator("source", "train", "val", "devkit", "archive")
     @classmethod
     def _no_credentials(cls, value: str | None) -> str | None:
         """params.yaml is committed and DVC copies these values into dvc.lock: a URL carries no secret (user info,
@@ -106,6 +110,16 @@ class DownloadParams(Section):
                 "s3:// URL instead of a pre-signed one) or the fsspec config (FSSPEC_S3_* variables)"
             )
         return value
+
+    @field_validator("archive")
+    @classmethod
+    def _tar_suffix(cls, value: str | None) -> str | None:
+        if value is not None and not value.lower().endswith(ARCHIVE_SUFFIXES):
+            raise ValueError(f"expected a file ending in {', '.join(ARCHIVE_SUFFIXES)}, found {value!r}")
+        return value
+
+
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")  # download.archive: a tar, or a gzipped one (decompressed once)
 
 
 class VerifyParams(Section):
@@ -122,7 +136,7 @@ class HoldoutParams(Section):
 
 
 class ExtractParams(Section):
-    mode: Literal["archives", "folder"]
+    mode: Literal["archives", "folder", "archive21k"]
     folder: Text | None = Field(description="root of the train/<class>, val/<class> tree (folder mode)")
     classes: Text = Field(description="all | imagenet100 | a file with one class name per line")
     val_labels: Text = Field(description="devkit | a filename,wnid CSV")
@@ -138,6 +152,13 @@ class ExtractParams(Section):
                 "catalog: expected auto and holdout: null with mode: archives (ILSVRC2012: the devkit names the "
                 f"classes, the val archive is the val split), found catalog: {self.catalog}, holdout: {self.holdout}"
             )
+        if self.mode == "archive21k":
+            _needs(self, "mode", "archive21k", "holdout", "{fraction, seed} (the archive ships no val split)")
+            if self.catalog == "auto":
+                raise ValueError(
+                    "catalog: expected derived (the wnids alone) or a wnid<TAB>words table with mode: archive21k "
+                    "(the archive names its classes by wnid only), found auto"
+                )
         return self
 
 
@@ -238,6 +259,31 @@ class Params(BaseModel):
     convert: ConvertParams
     validation: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
     curate: CurateParams
+
+    @model_validator(mode="after")
+    def _one_archive_mode(self) -> Params:
+        """download.archive is the input of extract.mode: archive21k, and only of it (each a message by key)."""
+        download, mode = self.download, self.extract.mode
+        if mode != "archive21k":
+            if download.archive:
+                raise ValueError(
+                    f"download.archive: expected null with extract.mode: {mode} (set extract.mode: archive21k for "
+                    f"an archive of per-class tars), found {download.archive!r}"
+                )
+            return self
+        per_archive = [key for key in ("train", "val", "devkit") if getattr(download, key)]
+        if not download.archive or per_archive:
+            found = f"download.{per_archive[0]}: {getattr(download, per_archive[0])!r}" if per_archive else "null"
+            raise ValueError(
+                "download.archive: expected the archive (a file name under download.source, or a path or URL) and "
+                f"download.train / val / devkit null with extract.mode: archive21k, found {found}"
+            )
+        if download.source == "sample" and "/" not in download.archive:
+            raise ValueError(
+                "download.archive: expected a path or URL with download.source: sample (the sample holds no "
+                f"ImageNet-21k archive), found {download.archive!r}; set download.source to its directory"
+            )
+        return self
 
 
 # The params.yaml sections each dvc.yaml stage reads (besides `paths`, which dvc.yaml interpolates).
@@ -342,6 +388,8 @@ def _problem(error: Any) -> str:
     loc = [str(p) for p in error["loc"]]
     where = ".".join(loc)
     kind, found = error["type"], error.get("input")
+    if not loc:  # a rule across sections (Params): its message names the key
+        return str(error["msg"]).removeprefix("Value error, ")
     if kind == "extra_forbidden":
         known = list(SECTIONS) if len(loc) == 1 else list((_owner(loc[:-1] + ["", ""])[0] or Section).model_fields)
         close = difflib.get_close_matches(loc[-1], known, n=1)

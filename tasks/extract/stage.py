@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
+from tasks.common.archive21k import LAYOUT_KEY, layout
 from tasks.common.archive_pass import entries_table, load_prescan
 from tasks.common.layout import EXTRACT_REPORT, PRESCAN
 from tasks.common.manifests import MANIFEST_SCHEMA
@@ -40,8 +41,8 @@ STAGING_SCHEMA = pa.schema([f for f in MANIFEST_SCHEMA if f.name not in ("split"
 class ExtractJob:
     """The stage's job, from params.yaml `extract:` and `paths:` (every path absolute)."""
 
-    mode: str  # archives | folder
-    inputs: dict[str, Path]  # split -> the archive (archives mode) or the tree's <split> parent folder (folder)
+    mode: str  # archives | folder | archive21k
+    inputs: dict[str, Path]  # split -> the archive (archives mode; archive21k: its one tar) or the tree's root (folder)
     devkit: Path
     staging: Path
     manifests: Path
@@ -58,16 +59,17 @@ class ExtractJob:
 
     @property
     def archives(self) -> bool:
-        return self.mode == "archives"
+        """The input is indexed tars (ILSVRC2012's archives, or archive21k's one tar of per-class tars)."""
+        return self.mode in ("archives", "archive21k")
 
 
 def job_from_params(project: Project) -> ExtractJob:
     """The job; an unreadable class list, catalog or curation file fails now, before hours of scanning."""
     params, raw, work = project.params.extract, project.path("raw"), project.path("work")
     cur = project.params.curate
-    archives = params.mode == "archives"
+    archives = params.mode == "archives"  # ILSVRC2012's three (archive21k: tasks.acquire.archive21k's one)
     if params.materialize and not archives:
-        log.warning("extract.materialize ignored in folder mode: the input already is an ImageFolder tree")
+        log.warning("extract.materialize ignored in %s mode (written for ILSVRC2012's archives only)", params.mode)
     # checked before any scan: ILSVRC2012's classes (archives), a supplied table, or none yet (a folder tree)
     known = shipped_catalog() if archives else labels.catalog_of(params.catalog, project.root)
     labels.read_class_list(params.classes, project.root, known)
@@ -89,7 +91,7 @@ def job_from_params(project: Project) -> ExtractJob:
             known,
         ),
         work / PRESCAN,
-        _verified_md5s(raw) if archives else {},
+        _verified_md5s(raw) if params.mode != "folder" else {},
         params.catalog,
         params.holdout,
     )
@@ -98,10 +100,12 @@ def job_from_params(project: Project) -> ExtractJob:
 def _verified_md5s(raw: Path) -> dict[str, str]:
     """split -> the MD5 verify.json records for its archive ({} without a verify.json: nothing is reused)."""
     try:
-        archives = json.loads((raw / "verify.json").read_text(encoding="utf-8"))["archives"]
-    except (OSError, ValueError, KeyError):
+        verified = json.loads((raw / "verify.json").read_text(encoding="utf-8"))
+        archives, one = verified["archives"], verified.get(LAYOUT_KEY)
+    except (OSError, ValueError, KeyError, AttributeError):
         return {}
-    return {split: archives[name]["md5"] for split, name in ARCHIVES.items() if name in archives}
+    names = {"train": one["tar"]} if isinstance(one, dict) and "tar" in one else ARCHIVES
+    return {split: archives[name]["md5"] for split, name in names.items() if name in archives}
 
 
 def _inputs(project: Project) -> dict[str, Path]:
@@ -109,6 +113,8 @@ def _inputs(project: Project) -> dict[str, Path]:
     params, raw = project.params.extract, project.path("raw")
     if params.mode == "archives":
         return {split: raw / ARCHIVES[split] for split in SPLITS}
+    if params.mode == "archive21k":  # one tar: train is all of it, val held out of it (extract.holdout)
+        return dict.fromkeys(SPLITS, raw / layout(project.params.download)["tar"])
     assert params.folder is not None  # ExtractParams refuses folder mode without a folder
     return dict.fromkeys(SPLITS, project.resolve(params.folder))
 
@@ -182,7 +188,7 @@ def scan_folder_split_to(
 
 def _empty_holdout_split(job: ExtractJob, split: str) -> Path:
     shipped = job.inputs[split] / split
-    if shipped.exists():
+    if not job.archives and shipped.exists():
         raise PipelineError(
             f"{shipped}: expected no {split} folder with extract.holdout set (the holdout makes {split} out of "
             f"train), found one; set extract.holdout: null to use it, or move it away"
@@ -262,6 +268,8 @@ def _label(
     if mode == "folder":
         found = {name for table in tables.values() for name in table.column("wnid").unique().to_pylist()}
         return tables, labels.folder_catalog(found, catalog, root), "folder"
+    if mode == "archive21k":  # classes = the per-class tars' wnids; their words from extract.catalog
+        return tables, labels.catalog_of(catalog, root), "archive21k"
     val, known, label_source = label_val(
         tables["val"], where["val"], str(val_labels), Path(devkit_path) if devkit_path else None, root
     )

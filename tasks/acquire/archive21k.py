@@ -1,0 +1,168 @@
+"""ImageNet-21k's layout (params.yaml `extract.mode: archive21k`): ONE archive of per-class `<wnid>.tar` tars.
+
+`download.archive` names it: a file name under `download.source`, or a path or URL of its own. A plain `.tar` is
+linked (or downloaded) into paths.raw like the ILSVRC2012 archives and hashed in the pass that indexes its nested
+tars (tasks.common.archive_pass, as the ILSVRC2012 train archive). A `.tar.gz` / `.tgz` cannot be read at byte
+offsets, and convert reads every image by offset: the download stage decompresses it ONCE into
+`<paths.raw>/<stem>.tar` (streamed in bounded blocks, written under a temporary name then renamed; about as large
+as the .tar.gz, JPEGs do not compress), and every later stage reads that .tar. download.json then records both
+files (the .tar with method `gunzip`) and an `archive21k` entry naming them, which verify and extract follow.
+
+Verify compares the archive as published with `verify.checksums` when it is a table; with `auto` there is no table
+to compare with: the MD5 is computed, recorded, and verify says plainly that nothing was compared. The decompressed
+.tar is checked against the MD5 the download stage recorded while writing it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from pathlib import Path
+from typing import IO, Any
+
+from tasks.acquire.fetch import FetchOptions, kind, redact
+from tasks.acquire.md5state import cached_md5, remember_md5
+from tasks.common import PipelineError, atomic_path
+from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
+from tasks.common.params import DownloadParams
+from tasks.common.progress import Progress
+
+NOT_COMPARED = "none: no MD5 table (verify.checksums: auto), computed and recorded, not compared"
+
+
+def archive_source(params: DownloadParams) -> dict[str, str]:
+    """{published name: source}: download.archive itself when it is a path or URL, else `<source>/<name>`."""
+    archive = params.archive
+    assert archive is not None
+    name = published_name(archive)
+    if "/" in archive or "\\" in archive:
+        return {name: archive}
+    source = params.source
+    if "://" in source:
+        return {name: f"{source}{'' if source.endswith('/') else '/'}{name}"}
+    return {name: str(Path(source) / name)}
+
+
+# ---------------------------------------------------------------- the .tar.gz, decompressed once
+def gunzip(gz: Path, tar: Path, chunk: int = 8 << 20, progress: bool = True) -> tuple[str, str, int]:
+    """Decompress `gz` (every gzip member in turn) into `tar` via a temporary name: (MD5 of gz, MD5 of tar, tar
+    bytes). Memory is bounded by `chunk` whatever the ratio (a gzip bomb inflates a block at a time)."""
+    digests = hashlib.md5(), hashlib.md5()
+    written = 0
+    bar = Progress(gz.stat().st_size, f"gunzip {gz.name}", enabled=progress)
+    try:
+        with open(gz, "rb") as fh, atomic_path(tar) as tmp, open(tmp, "wb") as out, bar:
+            for block in _inflated(fh, gz, chunk, digests[0], bar):
+                digests[1].update(block)
+                out.write(block)
+                written += len(block)
+    except OSError as err:
+        raise PipelineError(
+            f"{tar}: expected to decompress {gz.name} into it, found {err}; nothing was written. The .tar needs "
+            "about as much space as the .tar.gz (JPEGs do not compress): free space or point paths.raw at a larger "
+            "disk, then run `dvc repro` again"
+        ) from None
+    return digests[0].hexdigest(), digests[1].hexdigest(), written
+
+
+def _inflated(fh: IO[bytes], gz: Path, chunk: int, md5: Any, bar: Progress) -> Any:
+    """The decompressed bytes of `fh` in blocks of at most `chunk`; a damaged or truncated stream fails naming gz."""
+    inflater, pending, fed = zlib.decompressobj(31), b"", False
+    try:
+        while True:
+            if not pending:
+                pending = fh.read(chunk)
+                md5.update(pending)
+                bar.update(len(pending))
+                if not pending:
+                    break
+            fed = True
+            yield inflater.decompress(pending, chunk)
+            pending = inflater.unconsumed_tail
+            if inflater.eof:  # the next gzip member, if any (unused_data: all the input after this one's end)
+                pending, inflater, fed = inflater.unused_data, zlib.decompressobj(31), False
+    except zlib.error as err:
+        raise _damaged(gz, f"damaged gzip data ({err})") from None
+    if fed and not inflater.eof:
+        raise _damaged(gz, "a gzip stream that ends early (truncated)")
+
+
+def _damaged(gz: Path, found: str) -> PipelineError:
+    return PipelineError(
+        f"{gz}: expected a complete gzip stream of a tar, found {found}; nothing was written. Download the "
+        "archive again (delete it from paths.raw) or point download.archive at an intact copy"
+    )
+
+
+def decompressed(gz: Path, cache_file: Path, chunk: int = 8 << 20, progress: bool = True) -> tuple[dict[str, Any], str]:
+    """The .tar of `gz` (download.json record) and gz's MD5: reused while both files are unchanged since the
+    last decompression, else decompressed now (once; both MD5s remembered by stat)."""
+    tar = gz.with_name(tar_name(gz.name))
+    gz_md5, _ = cached_md5(gz, cache_file)
+    tar_md5, origin = cached_md5(tar, cache_file) if gz_md5 and tar.is_file() else (None, "")
+    if not (tar_md5 and origin == _origin(gz_md5 or "")):
+        gz_md5, tar_md5, size = gunzip(gz, tar, chunk, progress)
+        remember_md5(gz, gz_md5, cache_file, "gunzip")
+        remember_md5(tar, tar_md5, cache_file, _origin(gz_md5))
+        print(
+            f"{gz.name}: decompressed once into {tar} ({size:,} bytes, about the .tar.gz's size: JPEGs do not "
+            "compress); every later stage reads the .tar by offset"
+        )
+    assert gz_md5 is not None and tar_md5 is not None
+    record = {"source": gz.name, "bytes": tar.stat().st_size, "md5": tar_md5, "method": "gunzip"}
+    return record, gz_md5
+
+
+def _origin(gz_md5: str) -> str:
+    return f"gunzip of {gz_md5}"
+
+
+def fetch_gzipped(
+    name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path, root: Path = Path(".")
+) -> dict[str, dict[str, Any]]:
+    """Bring a .tar.gz to raw_dir (linked, or downloaded), then its .tar (decompressed once): both records. A
+    linked one is hashed in the decompression's read (one pass); a downloaded one was hashed on the way in."""
+    from tasks.acquire import download  # linking, downloading (imported here: that module imports this one)
+
+    gz = raw_dir / name
+    if kind(source) == "local":
+        link = download.link_local(source, gz, root)
+        tar, md5 = decompressed(gz, cache_file, opts.chunk_bytes, opts.progress)
+        record = {"source": source, "bytes": gz.stat().st_size, "md5": md5, "method": "local", "link": link}
+        return {name: record, tar_name(name): tar}
+    record = download.fetch_archive(name, source, raw_dir, opts, cache_file, root)
+    tar, md5 = decompressed(gz, cache_file, opts.chunk_bytes, opts.progress)
+    if md5 != record["md5"]:
+        raise PipelineError(
+            f"{gz}: expected the MD5 {record['md5']} computed while downloading {redact(source)}, found {md5} when "
+            "decompressing it (the file changed in between); run `dvc repro` again"
+        )
+    return {name: record, tar_name(name): tar}
+
+
+# ---------------------------------------------------------------- verify
+def recorded_layout(raw_dir: Path, file: str = "download.json") -> dict[str, str] | None:
+    """The `archive21k` entry of download.json (or verify.json), None for the other modes."""
+    try:
+        entry: dict[str, str] | None = json.loads((raw_dir / file).read_text(encoding="utf-8")).get(LAYOUT_KEY)
+    except (OSError, ValueError):
+        return None
+    return entry
+
+
+def expected_md5s(
+    checksums: str, raw_dir: Path, entry: dict[str, str], table: dict[str, str] | None
+) -> dict[str, str | None]:
+    """{file: the MD5 it must have, None: nothing to compare with}: the published archive against `table`
+    (verify.checksums' rows; None with auto), a decompressed .tar against the MD5 download recorded writing it."""
+    archive, tar = entry["archive"], entry["tar"]
+    if table is not None and archive not in table:
+        raise PipelineError(
+            f"{checksums} MD5 table: expected a row for {archive} (download.archive), found rows for {sorted(table)}. "
+            "Add its row, or set verify.checksums: auto (the MD5 is then recorded, not compared)"
+        )
+    expected: dict[str, str | None] = {archive: table[archive] if table is not None else None}
+    if tar != archive:
+        records = json.loads((raw_dir / "download.json").read_text(encoding="utf-8"))["archives"]
+        expected[tar] = (table or {}).get(tar) or records[tar]["md5"]
+    return expected

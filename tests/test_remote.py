@@ -48,6 +48,17 @@ def pipeline_repo(tmp_path_factory, prefect_api) -> Path:
     return repo
 
 
+def test_tracked_outputs_name_no_path_of_the_machine(pipeline_repo):
+    """Everything DVC hashes or git tracks is the same wherever the project lies: no output names its location
+    (a devkit path in extract_report.json once made dvc.lock differ between two clones)."""
+    where = str(pipeline_repo.resolve()).encode()
+    tracked = [p for d in ("data/manifests", "data/reports", "data/metrics", "versions") for p in (pipeline_repo / d).rglob("*")
+               if p.is_file() and p.suffix in (".json", ".md", ".csv", ".jsonl")]
+    tracked += [pipeline_repo / "data" / "label_map.json", pipeline_repo / "data" / "raw" / "download.json",
+                pipeline_repo / "data" / "raw" / "verify.json", pipeline_repo / "dvc.lock"]
+    assert len(tracked) > 8 and [p for p in tracked if where in p.read_bytes()] == []
+
+
 def _configure(repo: Path, *args: str) -> None:
     _run(["bash", "scripts/remote.sh", *args], repo)
     _run(["git", "add", ".dvc/config"], repo)

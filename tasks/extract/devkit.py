@@ -21,6 +21,7 @@ from tasks.common import PipelineError
 from tasks.common.params import resolve_path
 from tasks.common.synsets import WNID, Catalog, Synset, shipped_catalog
 from tasks.common.tarindex import open_tar, safe_members
+from tasks.extract.folder_scan import source_path
 
 META = "meta.mat"
 GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"
@@ -187,8 +188,8 @@ def label_val(
     names = val.column("name").to_pylist()
     devkit = read_devkit(devkit_path) if devkit_path and (val_labels == "devkit" or devkit_path.exists()) else None
     catalog = shipped_catalog()
-    if devkit:
-        shown = f"{devkit_path}:{META}"
+    if devkit and devkit_path:
+        shown = f"{source_path(devkit_path, root)}:{META}"  # repo-relative: extract_report.json is the same anywhere
         described = f"the {len(devkit.leaves)} classes of {shown}"
         catalog = Catalog(devkit.leaves, shown, described, f"a class listed in {shown}")
     if val_labels == "devkit":

@@ -316,17 +316,18 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
         positions = rank_positions(len(self.index), start.origin, self.rank, self.world_size, self.uneven)
         mine = worker_positions(count, self.batch_size or 1, worker, workers, local)
-        pieces = [mine[k : k + 64] for k in range(0, len(mine), 64)]  # this worker's next 64 positions each
+        rows = order[positions[mine]].tolist()  # the global rows this worker yields, in order
+        pieces = [(k, min(k + 64, len(rows))) for k in range(0, len(rows), 64)]  # 64 of them at a time
 
-        def hint(ahead: Sequence[np.ndarray]) -> None:
-            self._willneed([int(i) for piece in ahead for i in order[positions[piece]]])
+        def hint(ahead: Sequence[tuple[int, int]]) -> None:
+            self._willneed([i for a, b in ahead for i in rows[a:b]])
 
-        def load(piece: np.ndarray) -> list[tuple[bytes, int]]:
-            return [self._read_row(int(i)) for i in order[positions[piece]]]
+        def load(piece: tuple[int, int]) -> list[tuple[bytes, int]]:
+            return [self._read_row(i) for i in rows[piece[0] : piece[1]]]
 
         loads = read_ahead(pieces, load, self.read_ahead, hint, self.read_ahead + 2)
-        for piece, loaded in zip(pieces, loads, strict=True):
-            for done, row in zip(piece.tolist(), loaded, strict=True):
+        for (a, b), loaded in zip(pieces, loads, strict=True):
+            for done, row in zip(mine[a:b].tolist(), loaded, strict=True):
                 self._advance(done + 1)  # before the yield: a snapshot taken after it counts this row
                 yield row
         self._resume = None  # this pass is done: a next pass over the epoch starts at its beginning

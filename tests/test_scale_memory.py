@@ -92,3 +92,40 @@ def test_curation_without_exclusions_keeps_the_table_uncopied():
     table = _manifest(1000).select([f.name for f in STAGING_SCHEMA])
     kept, counts = curate.apply_curation("train", table, curate.Curation())
     assert kept is table and counts["exclude"]["lines"] == 0
+
+
+def _arrow_peak(run) -> int:
+    """Peak bytes Arrow allocated while `run()` ran, above what was allocated before (a pool of its own)."""
+    pool = pa.proxy_memory_pool(pa.default_memory_pool())
+    before, previous = pool.bytes_allocated(), pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        run()
+    finally:
+        pa.set_memory_pool(previous)
+    return pool.max_memory() - before
+
+
+def test_planning_and_the_manifest_writer_never_copy_the_manifest(tmp_path, monkeypatch):
+    """The planner keeps one copy of the manifest (the hashed order is a view: 16 + 8 B per row, not a second
+    table); the manifest writer sorts into row groups, never a second whole table (13 M rows: ~1 GB each)."""
+    from tasks.common.manifests import read_columns
+    from tasks.convert.plan import ordered
+    from tasks.extract import write
+
+    table = _manifest(ROWS)
+    extra = _arrow_peak(lambda: plan_split("train", ordered(table, "hashed"), 256 << 20, "base", order="hashed"))
+    assert extra < 0.5 * table.nbytes, (extra, table.nbytes)  # a copy of the table would be 1.0 x
+    staging = table.select([f.name for f in STAGING_SCHEMA])
+    label_of = {f"n{c:08d}": c for c in range(1000)}
+    path = tmp_path / "staging.parquet"
+    pa.parquet.write_table(staging, path)
+    read = read_columns(path, staging.column_names, ["wnid", "source", "member"])
+    assert read.to_pylist()[:3] == staging.to_pylist()[:3] and read.num_rows == ROWS
+    monkeypatch.setattr(write, "ROW_GROUP", 1 << 15)  # rows at a time: a whole copy would be 280,000
+    extra = _arrow_peak(lambda: write.write_manifests(tmp_path, {"train": read, "val": read.slice(0, 0)}, label_of))
+    assert extra < 0.75 * staging.nbytes, (extra, staging.nbytes)
+    manifest = pa.parquet.read_table(tmp_path / "train.parquet")
+    names = sorted(staging.column("name").to_pylist(), key=lambda n: (n[:9], n))  # by class, then name
+    assert manifest.num_rows == ROWS and manifest.column("name").to_pylist() == names
+    assert pa.parquet.read_metadata(tmp_path / "train.parquet").num_row_groups == -(-ROWS // (1 << 15))

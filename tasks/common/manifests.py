@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 MANIFEST_SCHEMA = pa.schema(
     [
@@ -24,3 +26,25 @@ MANIFEST_SCHEMA = pa.schema(
 def manifest_path(manifests_dir: str | os.PathLike[str], split: str) -> Path:
     """The manifest of `split` (written by extract)."""
     return Path(manifests_dir) / f"{split}.parquet"
+
+
+def read_columns(path: str | os.PathLike[str], columns: list[str], dictionary: list[str] | None = None) -> pa.Table:
+    """`columns` of a Parquet file read a column at a time, each as one chunk (a take of random rows from a chunked
+    column is ~300x slower), `dictionary` ones as dictionaries: the table once plus one column, never a second
+    copy of a 13 M-row index (pyarrow's threaded `read_table` holds ~2x the table while it decodes)."""
+    file = pq.ParquetFile(path, read_dictionary=dictionary or [])
+    return pa.table({name: one_chunk(file.read([name], use_threads=False).column(0)) for name in columns})
+
+
+def one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its chunk itself when it has one (`combine_chunks` would copy it)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def repeated_columns(path: str | os.PathLike[str], candidates: list[str], sample: int = 8192) -> list[str]:
+    """Of `candidates`, the columns with at most 1 distinct value in 8 among the file's first `sample` rows
+    (worth reading as dictionaries: a class, a per-class tar, an archive's name)."""
+    first = next(pq.ParquetFile(path).iter_batches(sample, columns=candidates, use_threads=False), None)
+    if first is None:
+        return []
+    return [n for n in candidates if pc.count_distinct(first.column(n)).as_py() * 8 <= max(8, first.num_rows)]

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 # The content-defined layout cuts a new shard where the row key (wnid, name) hashes under a threshold, so a cut
@@ -130,14 +131,40 @@ def order_hash(name: str) -> bytes:
     return hashlib.blake2b(name.encode(), digest_size=16, key=ORDER_KEY).digest()
 
 
-def order_rows(table: pa.Table, order: str) -> pa.Table:
+@dataclass(frozen=True)
+class Rows:
+    """A split's manifest rows in an order: `table` (as stored) taken through `indices` (None: as stored), a
+    batch or a shard at a time — never a second copy of the manifest (13 M rows: ~0.9 GB once, not twice)."""
+
+    table: pa.Table
+    indices: pa.Array | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.table.num_rows)
+
+    def slice(self, start: int, stop: int, columns: list[str] | None = None) -> pa.Table:
+        """Rows [start, stop) of the order (all columns, or `columns`)."""
+        table = self.table if columns is None else self.table.select(columns)
+        if self.indices is None:
+            return table.slice(start, stop - start)
+        return table.take(self.indices.slice(start, stop - start))
+
+    def values(self, column: str) -> Iterator[Any]:
+        """A column's Python values in the order, BATCH rows at a time (never the whole column as objects)."""
+        for first in range(0, self.num_rows, BATCH):
+            yield from self.slice(first, min(self.num_rows, first + BATCH), [column]).column(0).to_pylist()
+
+
+def ordered(table: pa.Table, order: str) -> Rows:
     """A split's manifest rows (sorted by wnid, name, ...) in `order`: `class` keeps them; `hashed` sorts by
-    (order_hash(name), then the manifest order: equal names in two class folders keep a fixed order)."""
+    (order_hash(name), then the manifest order: equal names in two class folders keep a fixed order — the sort
+    is stable). Holds 16 + 8 bytes per row besides the table."""
     if order not in ORDERS:
         raise ValueError(f"order: expected one of {ORDERS}, found {order!r}")
     if order == "class" or table.num_rows == 0:
-        return table
-    names = _values(table, "name")
+        return Rows(table)
+    names = Rows(table).values("name")
     hashes = pa.chunked_array(
         [
             pa.array([order_hash(next(names)) for _ in range(min(BATCH, table.num_rows - first))], pa.binary(16))
@@ -145,43 +172,60 @@ def order_rows(table: pa.Table, order: str) -> pa.Table:
         ],
         pa.binary(16),
     )
-    keyed = table.append_column("__order", hashes).append_column("__row", pa.array(np.arange(table.num_rows)))
-    indices = keyed.sort_by([("__order", "ascending"), ("__row", "ascending")]).column("__row")
-    return table.take(indices)
+    return Rows(table, pc.sort_indices(hashes))
 
 
-def _values(table: pa.Table, column: str) -> Iterator[Any]:
-    """A column's Python values, BATCH rows at a time (never the whole column as Python objects)."""
-    for first in range(0, table.num_rows, BATCH):
-        yield from table.column(column).slice(first, BATCH).to_pylist()
+def order_rows(table: pa.Table, order: str) -> pa.Table:
+    """`ordered` as one table (a copy: for tests and benchmarks; the planner keeps the `Rows` view)."""
+    return ordered(table, order).slice(0, table.num_rows)
 
 
 def plan_split(
-    split: str, table: pa.Table, target_bytes: int, base_key: str, layout: str = "content", order: str = "hashed"
+    split: str, rows: Rows | pa.Table, target_bytes: int, base_key: str, layout: str = "content", order: str = "hashed"
 ) -> list[ShardPlan]:
-    """The shards of one split's manifest `table` (PLAN_COLUMNS, already in `order`: `order_rows`) in `layout`.
+    """The shards of one split's manifest `rows` (PLAN_COLUMNS, already in `order`: `ordered`) in `layout`.
 
     Class order cuts on the (wnid, name) key and names shards `<wnid>-<first image>`; hashed order cuts on the
     name alone (a relabel moves no cut) and names shards by the order hash of their first image (sorting like
     the rows)."""
+    rows = rows if isinstance(rows, Rows) else Rows(rows)
     if layout == "size":
-        ranges = plan_ranges(table.column("size").to_pylist(), target_bytes)
+        ranges = plan_ranges(rows.values("size"), target_bytes)
     else:
-        names = _values(table, "name")
-        keys = names if order == "hashed" else map(row_key, _values(table, "wnid"), names)
-        ranges = content_ranges(keys, _values(table, "size"), target_bytes)
-    firsts = [_first(table, start) if stop > start else None for start, stop, _ in ranges]
+        names = rows.values("name")
+        keys = names if order == "hashed" else map(row_key, rows.values("wnid"), names)
+        ranges = content_ranges(keys, rows.values("size"), target_bytes)
+    firsts = [_first(rows, start) if stop > start else None for start, stop, _ in ranges]
     plans = []
     for index, ((start, stop, nbytes), stem) in enumerate(zip(ranges, _stems(firsts, layout, order), strict=True)):
         digest = hashlib.sha256(f"{base_key}:{split}:{layout}:{order}:{stem}".encode())
-        rows = table.select(PLAN_COLUMNS).slice(start, stop - start).to_pylist()
-        digest.update(json.dumps([list(row.values()) for row in rows]).encode())
+        _digest_rows(digest, rows.slice(start, stop, PLAN_COLUMNS))
         plans.append(ShardPlan(split, index, len(ranges), start, stop, nbytes, digest.hexdigest(), stem))
     return plans
 
 
-def _first(table: pa.Table, row: int) -> tuple[str, str]:
-    return table.column("wnid")[row].as_py(), table.column("name")[row].as_py()
+def _digest_rows(digest: Any, table: pa.Table) -> None:
+    """Feed a shard's rows to `digest` from Arrow's buffers, a column at a time (no Python object per row): an
+    integer column as little-endian int64, a string column as its values' lengths (int64) then their bytes."""
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        if column.null_count:
+            raise ValueError(f"manifest column {name!r}: expected no nulls, found {column.null_count}")
+        digest.update(name.encode() + b"\0")
+        if pa.types.is_integer(column.type):
+            digest.update(column.to_numpy().astype("<i8").tobytes())
+            continue
+        column = column.cast(pa.large_string())
+        offsets = np.frombuffer(column.buffers()[1], "<i8")[column.offset : column.offset + len(column) + 1]
+        digest.update(np.diff(offsets).astype("<i8").tobytes())
+        digest.update(memoryview(column.buffers()[2])[offsets[0] : offsets[-1]] if len(column) else b"")
+
+
+def _first(rows: Rows, row: int) -> tuple[str, str]:
+    first = rows.slice(row, row + 1, ["wnid", "name"]).to_pylist()[0]
+    return first["wnid"], first["name"]
 
 
 def _stems(firsts: list[tuple[str, str] | None], layout: str, order: str) -> list[str]:

@@ -52,7 +52,7 @@ def _child(mode: str, root: Path) -> None:
     if mode == "validate":
         params = ValidateParams(train_count=[1, 10**6], val_count=[1, 10**6], decode_sample=0, leakage_max_pairs=0,
                                 report_examples=5, contact_sheet_per_class=1, contact_sheet_classes=1,
-                                near_duplicates_distance=8, near_duplicates_max_pairs=0,
+                                near_duplicates_distance=8, near_duplicates_max_pairs=0, near_duplicates_chance_margin=0,
                                 near_duplicates_train_distance=4, workers=1)
         report = run_validation(root / "parquet", root / "manifests", root / "label_map.json", params)
         assert report["status"] == "pass", [c["message"] for c in report["checks"] if c["status"] != "pass"]

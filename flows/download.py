@@ -40,7 +40,8 @@ write_download_json = task(name="write-download-json")(dl.write_download_json)
 def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]:
     job = dl.plan(load_project(params_file))
     check_local_sources(job.sources, job.root, job.layout is not None)
-    check_free_space(job.raw_dir, space_needed(job.sources, job.raw_dir, job.opts, job.cache_file))
+    needed = space_needed(job.sources, job.raw_dir, job.opts, job.cache_file, job.layout, job.root)
+    check_free_space(job.raw_dir, needed)
     records = fetch_sample(job.raw_dir, job.sample, job.cache_file) if job.uses_sample else {}
     fetch = fetch_archive.with_options(retry_delay_seconds=4 * job.opts.backoff_s)
     for name, source in job.fetched().items():

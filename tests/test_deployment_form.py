@@ -25,7 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
     ({"classes": "file"}, "classes=file needs `classes_file`"),
     ({"resize_shorter": 0}, "greater than or equal to 1"),
     ({"quality": 0}, "greater than or equal to 1"),
-    ({"preset": "imagenet"}, "'sample', 'imagenet1k-archives' or 'imagenet100-folder'"),
+    ({"preset": "imagenet21k-archive"}, "imagenet21k-archive preset needs `location`"),
+    ({"preset": "imagenet21k-archive", "location": "/d", "archive": ""}, "imagenet21k-archive preset needs `archive`"),
+    ({"preset": "imagenet21k-archive", "location": "/d", "catalog": None}, "imagenet21k-archive preset needs `catalog`"),
+    ({"preset": "imagenet21k-archive", "location": "/d", "holdout_fraction": 1}, "Input should be less than 1"),
+    ({"preset": "imagenet21k-archive", "location": "/d", "holdout_seed": -1}, "greater than or equal to 0"),
+    ({"preset": "imagenet"}, "'sample', 'imagenet1k-archives', 'imagenet100-folder' or 'imagenet21k-archive'"),
     ({"colour": "red"}, "Extra inputs are not permitted"),
 ])
 def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
@@ -36,6 +41,8 @@ def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
 
 @pytest.mark.parametrize("fields", [
     {"preset": "imagenet1k-archives"}, {"classes": "file", "classes_file": None}, {"resize_shorter": 0},
+    {"preset": "imagenet21k-archive"}, {"preset": "imagenet21k-archive", "location": "/d", "archive": None},
+    {"preset": "imagenet21k-archive", "location": "/d", "holdout_fraction": 0},
     {"quality": 101}, {"policy": "lossless"},
 ])
 def test_json_schema_the_server_enforces_rejects_what_the_model_rejects(fields):
@@ -83,6 +90,29 @@ def test_form_values_reach_params_yaml_with_comments_and_other_keys_kept(tmp_pat
         "mode": "folder", "folder": "/data/imagenet100", "classes": "my_classes.txt"}
 
 
+def test_the_imagenet21k_preset_writes_what_a_hand_written_params_yaml_for_archive21k_holds(tmp_path):
+    """README "ImageNet-21k": download.source + archive, extract.mode archive21k, catalog, holdout; back to the
+    sample afterwards restores ILSVRC2012's keys (a valid params.yaml each time)."""
+    params_file = tmp_path / "params.yaml"
+    original = (REPO / "params.yaml").read_text()
+    params_file.write_text(original)
+    form = RunParams(preset="imagenet21k-archive", location="/data/imagenet21k", archive="winter21_whole.tar",
+                     holdout_fraction=0.04, holdout_seed=0, catalog="derived")
+    changed = apply_params(params_file, params_updates(form))
+    hand = yaml.safe_load(original)  # the README's example, typed into params.yaml by hand
+    hand["download"].update(source="/data/imagenet21k", archive="winter21_whole.tar")
+    hand["extract"].update(mode="archive21k", catalog="derived", holdout={"fraction": 0.04, "seed": 0})
+    assert yaml.safe_load(params_file.read_text()) == hand
+    assert set(changed) == {"download.source", "download.archive", "extract.mode", "extract.catalog",
+                            "extract.holdout"}
+    line = next(x for x in params_file.read_text().splitlines() if x.lstrip().startswith("holdout:"))
+    assert line.startswith("  holdout: {fraction: 0.04, seed: 0}") and " # " in line  # one line, comment kept
+
+    apply_params(params_file, params_updates(RunParams()))
+    back = params_file.read_text()  # the sample again: archive null, catalog auto, holdout null
+    assert yaml.safe_load(back) == yaml.safe_load(original) and len(back.splitlines()) == len(original.splitlines())
+
+
 def test_preflight_refuses_a_local_path_that_does_not_exist(tmp_path):
     missing = RunParams(preset="imagenet100-folder", location=str(tmp_path / "nope"))
     with pytest.raises(PipelineError, match="`location` is .*nope.*does not exist on this machine"):
@@ -90,6 +120,15 @@ def test_preflight_refuses_a_local_path_that_does_not_exist(tmp_path):
     (tmp_path / "classes.txt").write_text("n01440764\n")
     preflight(RunParams(classes="file", classes_file="classes.txt"), tmp_path)  # relative to the project
     preflight(RunParams(preset="imagenet1k-archives", location="http://127.0.0.1:9/ilsvrc"), tmp_path)
+    (tmp_path / "in21k").mkdir()
+    with pytest.raises(PipelineError, match="`archive` is .*in21k/winter21_whole.tar.*does not exist on this machine"):
+        preflight(RunParams(preset="imagenet21k-archive", location=str(tmp_path / "in21k")), tmp_path)
+    (tmp_path / "in21k/winter21_whole.tar").write_bytes(b"")
+    with pytest.raises(PipelineError, match="`catalog` is 'words.tsv', which does not exist on this machine"):
+        preflight(RunParams(preset="imagenet21k-archive", location=str(tmp_path / "in21k"), catalog="words.tsv"),
+                  tmp_path)
+    preflight(RunParams(preset="imagenet21k-archive", location=str(tmp_path / "in21k")), tmp_path)
+    preflight(RunParams(preset="imagenet21k-archive", location="s3://bucket/in21k"), tmp_path)
 
 
 def test_stage_outcomes_name_the_failed_stage_and_lock_drift_is_reported():
@@ -123,3 +162,12 @@ def test_push_without_a_default_remote_is_refused_up_front(tmp_path):
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
     with pytest.raises(PipelineError, match="push=yes needs a default DVC remote"):
         check_remote(tmp_path)  # (with a remote it passes: test_ui_run_... pushes)
+
+
+def test_the_holdout_fields_take_the_params_models_bounds():
+    from tasks.common.params import HoldoutParams
+
+    form, model = RunParams.model_json_schema()["properties"], HoldoutParams.model_json_schema()["properties"]
+    for field, key in (("holdout_fraction", "fraction"), ("holdout_seed", "seed")):
+        assert {k: v for k, v in form[field].items() if k not in ("title", "description", "default")} == \
+            {k: v for k, v in model[key].items() if k not in ("title", "description", "default")}

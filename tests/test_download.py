@@ -167,7 +167,7 @@ def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeyp
 
     (raw / NAME).unlink()  # a link already in place is kept as it is
 
-    monkeypatch.setattr(dl.os, "link", cross_device)
+    monkeypatch.setattr(os, "link", cross_device)
     record = dl.fetch_archive(NAME, str(src), raw, FAST, cache)
     assert record["link"] == "symlink" and (raw / NAME).resolve() == src.resolve()
     assert record["bytes"] == src.stat().st_size and src.stat().st_nlink >= 1

@@ -174,6 +174,9 @@ def test_planted_near_duplicates_are_found_and_warned_naming_the_file(planted):
     assert {p["val_name"] for p in pairs} <= set(expected)  # no distinct image paired
     check = _near(report)
     assert check["status"] == "warn" and check["failures"] == len(pairs)
+    chance = report["near_duplicates"]["chance"]  # the chance level and the tolerance, stated with the pairs found
+    assert chance["comparisons"] == report["splits"]["train"]["rows"] * report["splits"]["val"]["rows"]
+    assert chance["tolerated"] == DEFAULT.near_duplicates_max_pairs and "expected by chance: " in check["message"]
     assert next(c for c in report["checks"] if c["name"] == "leakage")["status"] == "pass"  # sha256 sees none
     assert pairs[0]["cross_class"] and pairs[0]["val_name"] in check["message"]
     assert sum(p["cross_class"] for p in pairs) == 1
@@ -186,7 +189,7 @@ def test_planted_near_duplicates_fail_above_max_pairs(planted):
     strict = validate_section(near_duplicates_max_pairs=0)
     report = run_validation(where["parquet"], where["manifests"], where["label_map"], strict)
     assert _near(report)["status"] == "fail"
-    with pytest.raises(PipelineError, match=r"near_duplicates: .*near_duplicates_max_pairs\) — e\.g\. val n\d{8}/ILSVRC2012_val_\d{8}\.JPEG"):
+    with pytest.raises(PipelineError, match=r"near_duplicates: .*tolerated: 0 = max\(params\.yaml validate\.near_duplicates_max_pairs 0, validate\.near_duplicates_chance_margin 20 x expected\)\) — e\.g\. val n\d{8}/ILSVRC2012_val_\d{8}\.JPEG"):
         raise_if_failed(report, where["reports"])
 
 

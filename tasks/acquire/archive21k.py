@@ -20,7 +20,8 @@ import zlib
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.acquire.fetch import FetchOptions, kind, redact
+from tasks.acquire.fetch import FetchOptions, kind, redact, remote_size
+from tasks.acquire.local import local_path
 from tasks.acquire.md5state import cached_md5, remember_md5
 from tasks.common import PipelineError, atomic_path
 from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
@@ -98,9 +99,10 @@ def decompressed(gz: Path, cache_file: Path, chunk: int = 8 << 20, progress: boo
     """The .tar of `gz` (download.json record) and gz's MD5: reused while both files are unchanged since the
     last decompression, else decompressed now (once; both MD5s remembered by stat)."""
     tar = gz.with_name(tar_name(gz.name))
-    gz_md5, _ = cached_md5(gz, cache_file)
-    tar_md5, origin = cached_md5(tar, cache_file) if gz_md5 and tar.is_file() else (None, "")
-    if not (tar_md5 and origin == _origin(gz_md5 or "")):
+    kept = _kept(gz, cache_file)
+    if kept is not None:
+        gz_md5, tar_md5 = kept
+    else:
         gz_md5, tar_md5, size = gunzip(gz, tar, chunk, progress)
         remember_md5(gz, gz_md5, cache_file, "gunzip")
         remember_md5(tar, tar_md5, cache_file, _origin(gz_md5))
@@ -108,13 +110,33 @@ def decompressed(gz: Path, cache_file: Path, chunk: int = 8 << 20, progress: boo
             f"{gz.name}: decompressed once into {tar} ({size:,} bytes, about the .tar.gz's size: JPEGs do not "
             "compress); every later stage reads the .tar by offset"
         )
-    assert gz_md5 is not None and tar_md5 is not None
     record = {"source": gz.name, "bytes": tar.stat().st_size, "md5": tar_md5, "method": "gunzip"}
     return record, gz_md5
 
 
+def _kept(gz: Path, cache_file: Path) -> tuple[str, str] | None:
+    """(gz's MD5, the .tar's MD5) while the .tar decompressed from gz earlier is there and both are unchanged."""
+    tar = gz.with_name(tar_name(gz.name))
+    gz_md5, _ = cached_md5(gz, cache_file)
+    if gz_md5 is None or not tar.is_file():
+        return None
+    tar_md5, origin = cached_md5(tar, cache_file)
+    return (gz_md5, tar_md5) if tar_md5 and origin == _origin(gz_md5) else None
+
+
 def _origin(gz_md5: str) -> str:
     return f"gunzip of {gz_md5}"
+
+
+def decompression_space(
+    name: str, source: str, raw_dir: Path, opts: FetchOptions, cache_file: Path, root: Path = Path(".")
+) -> dict[str, int]:
+    """The free space the .tar of a .tar.gz needs (for the download stage's check before anything is written):
+    about the .tar.gz's size (JPEGs do not compress), nothing while an earlier decompression is still intact."""
+    if _kept(raw_dir / name, cache_file) is not None:
+        return {}
+    size = local_path(source, root).stat().st_size if kind(source) == "local" else remote_size(source, opts) or 0
+    return {f"{tar_name(name)} (decompressed from {name}, about as large)": size}
 
 
 def fetch_gzipped(

@@ -219,6 +219,12 @@ class ValidateParams(Section):
     contact_sheet_classes: int = Field(ge=1)
     near_duplicates_distance: int = Field(ge=0, le=16, description="Hamming distance between 64-bit fingerprints")
     near_duplicates_max_pairs: int = Field(ge=0)
+    near_duplicates_chance_margin: float = Field(
+        ge=0,
+        le=1e6,
+        description="pairs tolerated = max(near_duplicates_max_pairs, this x the pairs expected by chance among the "
+        "train x val comparisons of unrelated uniform fingerprints); 0: near_duplicates_max_pairs alone",
+    )
     near_duplicates_train_distance: int = Field(ge=0, le=8, description="Hamming distance within train")
     workers: Workers = Field(json_schema_extra=SPEED_ONLY)
 

@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 from yaml import safe_load
 
 from tasks.common import PipelineError, write_text
-from tasks.common.params import SECTIONS, resolve_path, validate_params
+from tasks.common.params import NESTED, SECTIONS, resolve_path, validate_params
+from tasks.deploy.form_rules import Rule, broken, rules_schema
 
 
 def _like(section: str, key: str) -> Any:
     """The type of params.yaml `<section>.<key>` with its constraints (bounds, choices), for a form field."""
-    info = SECTIONS[section].model_fields[key]
+    info = {**SECTIONS, **NESTED}[section].model_fields[key]
     return Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
 
 
@@ -42,10 +43,14 @@ if TYPE_CHECKING:  # what the models say, spelled out for type checkers
     PolicyField = str
     QualityField = int
     ResizeField = int | None
+    FractionField = float
+    SeedField = int
 else:
     PolicyField = _like(*PARAMS_FIELDS["policy"])
     QualityField = _like(*PARAMS_FIELDS["quality"])
     ResizeField = _like(*PARAMS_FIELDS["resize_shorter"])
+    FractionField = _like("extract.holdout", "fraction")  # the holdout's keys: extract.holdout: {fraction, seed}
+    SeedField = _like("extract.holdout", "seed")
 
 
 class SourcePreset(str, Enum):
@@ -54,6 +59,7 @@ class SourcePreset(str, Enum):
     sample = "sample"
     archives = "imagenet1k-archives"
     folder = "imagenet100-folder"
+    archive21k = "imagenet21k-archive"
 
 
 class ClassSubset(str, Enum):
@@ -64,19 +70,15 @@ class ClassSubset(str, Enum):
     file = "file"
 
 
-@dataclass(frozen=True)
-class Rule:
-    """When field `when` has one of `when_in` (None: is set), field `then` must have one of `then_in` (None: be set)."""
-
-    when: str
-    when_in: tuple[str, ...] | None
-    then: str
-    then_in: tuple[str, ...] | None
-    message: str
-
-
-# Cross-field rules: checked by the model (in the flow run) AND written into the JSON schema, so the Prefect
-# server refuses a run that breaks one before the run is created.
+_NEEDS_21K = {  # the imagenet21k-archive preset's required fields
+    "location": (
+        "`location`: a directory or URL prefix holding the archive of per-class tars named by `archive` "
+        "(e.g. winter21_whole.tar)"
+    ),
+    "archive": "`archive`: the archive's file name under `location` (a .tar, .tar.gz or .tgz), or its full path or URL",
+    "catalog": "`catalog`: derived (the wnids alone) or a wnid<TAB>words table",
+}
+# Cross-field rules (tasks.deploy.form_rules): checked by the model and by the Prefect server's JSON schema.
 RULES = (
     Rule(
         "preset",
@@ -93,6 +95,10 @@ RULES = (
         None,
         "the imagenet100-folder preset needs `location`: the directory holding train/WNID/ and val/WNID/",
     ),
+    *(
+        Rule("preset", (SourcePreset.archive21k.value,), field, None, f"the imagenet21k-archive preset needs {what}")
+        for field, what in _NEEDS_21K.items()
+    ),
     Rule(
         "classes",
         (ClassSubset.file.value,),
@@ -103,20 +109,8 @@ RULES = (
 )
 
 
-def _holds(value: Any, allowed: tuple[str, ...] | None) -> bool:
-    value = value.value if isinstance(value, Enum) else value
-    return value not in (None, "") if allowed is None else value in allowed
-
-
-def _schema_condition(field: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
-    check = {"not": {"enum": [None, ""]}} if allowed is None else {"enum": list(allowed)}
-    return {"properties": {field: check}, "required": [field]}
-
-
 def _rules_schema(schema: dict[str, Any]) -> None:
-    schema["allOf"] = [
-        {"if": _schema_condition(r.when, r.when_in), "then": _schema_condition(r.then, r.then_in)} for r in RULES
-    ]
+    rules_schema(schema, RULES)
 
 
 class RunParams(BaseModel):
@@ -129,15 +123,17 @@ class RunParams(BaseModel):
         title="Source preset",
         description=(
             "sample: the built-in ILSVRC2012-shaped sample. imagenet1k-archives: the three official ILSVRC2012 "
-            "archives at `location`. imagenet100-folder: an extracted train/WNID/, val/WNID/ tree at `location`."
+            "archives at `location`. imagenet100-folder: an extracted train/WNID/, val/WNID/ tree at `location`. "
+            "imagenet21k-archive: ImageNet-21k's one archive of per-class tars (`archive` under `location`), val "
+            "held out of train (`holdout_fraction`, `holdout_seed`)."
         ),
     )
     location: str | None = Field(
         None,
         title="Source path or URL",
         description=(
-            "Archives: a directory or URL prefix (file://, http(s)://, s3://bucket/prefix). Folder: a directory on "
-            "the machine that runs the flow. Unused for the sample."
+            "Archives (ImageNet-1k or 21k): a directory or URL prefix (file://, http(s)://, s3://bucket/prefix). "
+            "Folder: a directory on the machine that runs the flow. Unused for the sample."
         ),
     )
     classes: ClassSubset = Field(
@@ -150,6 +146,25 @@ class RunParams(BaseModel):
     )
     classes_file: str | None = Field(
         None, title="Class list file", description="With classes=file: a text file with one class name per line."
+    )
+    archive: str | None = Field(
+        "winter21_whole.tar",
+        title="ImageNet-21k archive",
+        description="imagenet21k-archive: the archive's file name under `location`, or a full path or URL; "
+        ".tar (linked), .tar.gz / .tgz (decompressed once). Unused by the other presets.",
+    )
+    holdout_fraction: FractionField = Field(
+        0.04,
+        title="Held-out val fraction",
+        description="imagenet21k-archive: the share of each class's images held out of train as val (chosen by "
+        "a keyed hash of the image name: stable when images are added).",
+    )
+    holdout_seed: SeedField = Field(0, title="Holdout seed", description="imagenet21k-archive: keys the hash.")
+    catalog: str | None = Field(
+        "derived",
+        title="Class catalogue",
+        description="imagenet21k-archive: derived (class names are the wnids) or a wnid<TAB>words table "
+        "(e.g. from the release's words.txt).",
     )
     policy: PolicyField = Field(
         "passthrough",
@@ -179,28 +194,41 @@ class RunParams(BaseModel):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunParams:
-        broken = [
-            r.message
-            for r in RULES
-            if _holds(getattr(self, r.when), r.when_in) and not _holds(getattr(self, r.then), r.then_in)
-        ]
-        if broken:
-            raise ValueError("; ".join(broken))
+        messages = broken(RULES, self)
+        if messages:
+            raise ValueError("; ".join(messages))
         return self
 
 
 def params_updates(form: RunParams) -> dict[tuple[str, str], Any]:
     """The params.yaml keys (section, key) the form sets, and their values. Other keys keep their values."""
-    folder = form.preset is SourcePreset.folder
+    folder, one = form.preset is SourcePreset.folder, form.preset is SourcePreset.archive21k
     classes = form.classes_file if form.classes is ClassSubset.file else form.classes.value
-    return {
+    updates = {
         # the folder preset reads no archives: the (tiny) built-in sample keeps download/verify cheap
-        ("download", "source"): form.location if form.preset is SourcePreset.archives else "sample",
-        ("extract", "mode"): "folder" if folder else "archives",
+        ("download", "source"): form.location
+        if form.preset in (SourcePreset.archives, SourcePreset.archive21k)
+        else "sample",
+        ("download", "archive"): form.archive if one else None,
+        ("extract", "mode"): "folder" if folder else "archive21k" if one else "archives",
         ("extract", "folder"): form.location if folder else None,
         ("extract", "classes"): classes,
         **{key: getattr(form, field) for field, key in PARAMS_FIELDS.items()},
     }
+    if one:
+        updates[("extract", "catalog")] = form.catalog
+        updates[("extract", "holdout")] = _flow_map({"fraction": form.holdout_fraction, "seed": form.holdout_seed})
+    elif not folder:  # ILSVRC2012: the devkit names the classes, the val archive is val (after a 21k run too)
+        updates[("extract", "catalog")] = "auto"
+        updates[("extract", "holdout")] = None
+    return updates
+
+
+def _flow_map(values: dict[str, Any]) -> CommentedMap:
+    """A mapping written on one line (`{fraction: 0.04, seed: 0}`), as params.yaml's comments show it."""
+    mapping = CommentedMap(values)
+    mapping.fa.set_flow_style()
+    return mapping
 
 
 def _yaml() -> YAML:
@@ -247,6 +275,13 @@ def preflight(form: RunParams, project: Path) -> None:
     local = [("location", form.location)] if form.preset is not SourcePreset.sample else []
     if form.classes is ClassSubset.file:
         local.append(("classes_file", form.classes_file))
+    if form.preset is SourcePreset.archive21k:
+        if form.archive and form.location and "/" not in form.archive and not _is_url(form.location):
+            local.append(("archive", str(Path(form.location) / form.archive)))  # a file name under location
+        elif form.archive and "/" in form.archive:
+            local.append(("archive", form.archive))
+        if form.catalog not in (None, "", "derived", "auto"):
+            local.append(("catalog", form.catalog))
     for field, value in local:
         if value and not _is_url(value) and not resolve_path(project, value).exists():
             raise PipelineError(

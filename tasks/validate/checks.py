@@ -29,7 +29,8 @@ DESCRIPTIONS = {
     "sha256_hex": "sha256 is 64 lower-case hex digits (pandera)",
     "exif_orientation_range": "exif_orientation is 1..8 (pandera)",
     "transform_values": "transform is `none` or `+`-joined known steps (pandera)",
-    "class_set": "train and val hold the same classes: every class of the label map",
+    "class_set": "train and val hold the same classes: every class of the label map (val held out of train by "
+    "params extract.holdout: a class with no val image warns)",
     "class_counts": "images per class within params validate.train_count / val_count",
     "manifest_totals": "rows per split = manifest rows - quarantined images (bad_images.jsonl), same images",
     "labels_match_manifest": "each image's label equals its label in the manifest",

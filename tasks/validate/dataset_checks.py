@@ -47,12 +47,32 @@ def _class_text(row: dict[str, Any]) -> str:
     return f"label {row['label']} {row['wnid']} {row['name']!r}"
 
 
-def class_set_check(table: pd.DataFrame, limit: int) -> CheckResult:
-    """Every label-map class has images in both train and val."""
-    absent = table[(table["train"] == 0) | (table["val"] == 0)]
-    if absent.empty:
-        return passed("class_set", f"train and val both hold all {len(table)} classes")
-    first = {k: (v.item() if hasattr(v, "item") else v) for k, v in absent.iloc[0].to_dict().items()}
+def class_set_check(table: pd.DataFrame, limit: int, holdout: dict[str, Any] | None = None) -> CheckResult:
+    """Every label-map class has images in both train and val. `holdout`: the extract report's `holdout` section
+    when val was held out of train (params extract.holdout): a class with train images and no val image is then a
+    warning (a small class holds out none at a small fraction), a class with no train image still fails."""
+    no_train, no_val = table["train"] == 0, table["val"] == 0
+    absent = table[no_train | (no_val & (holdout is None))]
+    if not absent.empty:
+        return _class_set_failure(absent, limit)
+    if holdout is not None and no_val.any():
+        missed = table[no_val]
+        first = _record(missed.iloc[0])
+        message = (
+            f"{len(missed)} class(es) have no held-out val image: holdout fraction {holdout['fraction']} "
+            f"(params.yaml extract.holdout); expected at small classes — e.g. {_class_text(first)} "
+            f"(train has {first['train']}); raise the fraction to give them val images"
+        )
+        return CheckResult("class_set", "warn", message, len(missed), missed.head(limit).to_dict("records"))
+    return passed("class_set", f"train and val both hold all {len(table)} classes")
+
+
+def _record(row: pd.Series) -> dict[str, Any]:
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in row.to_dict().items()}
+
+
+def _class_set_failure(absent: pd.DataFrame, limit: int) -> CheckResult:
+    first = _record(absent.iloc[0])
     where = " and ".join(s for s in SPLITS if first[s] == 0)
     others = ", ".join(f"{s} has {first[s]}" for s in SPLITS if first[s] != 0)
     message = (

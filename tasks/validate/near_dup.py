@@ -27,6 +27,7 @@ from imagenet_parquet.format import FINGERPRINT_ALGORITHM, FINGERPRINT_COLUMN, o
 from tasks.common import SPLITS
 from tasks.common.params import ValidateParams
 from tasks.validate.checks import CheckResult, passed
+from tasks.validate.near_dup_tolerance import tolerance
 from tasks.validate.scan import list_shards
 
 BITS = 64
@@ -260,29 +261,37 @@ def train_groups(prints: dict[str, Fingerprints], distance: int) -> dict[str, in
 def near_duplicate_check(
     parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None
 ) -> tuple[CheckResult, dict[str, Any]]:
-    """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups);
-    `classes`: the label map's class ids by label (see _named)."""
-    distance, max_pairs = params.near_duplicates_distance, params.near_duplicates_max_pairs
-    train_distance, limit = params.near_duplicates_train_distance, params.report_examples
+    """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups, the
+    chance level and the tolerance: tasks.validate.near_dup_tolerance); `classes`: the label map's class ids by
+    label (see _named)."""
+    distance, train_distance = params.near_duplicates_distance, params.near_duplicates_train_distance
     prints, reason = read_fingerprints(parquet_dir)
     if reason is not None:
         section = {"checked": False, "reason": reason, "distance": distance, "pairs": []}
         return CheckResult("near_duplicates", "warn", f"not checked: {reason}"), section
     pairs, groups = train_val_pairs(prints, distance, classes), train_groups(prints, train_distance)
-    section = {"checked": True, "distance": distance, "train_groups": groups, "pairs": pairs.to_dict("records")}
+    train, val = (int(prints[s].frame["valid"].sum()) for s in SPLITS)
+    allowed = tolerance(train, val, distance, params.near_duplicates_max_pairs, params.near_duplicates_chance_margin)
+    section = {
+        "checked": True,
+        "distance": distance,
+        "chance": allowed.as_dict(),
+        "train_groups": groups,
+        "pairs": pairs.to_dict("records"),
+    }
     inside = (
         f"; inside train: {groups['groups']} group(s) of {groups['images']} images within distance {train_distance}"
     )
     if pairs.empty:
-        return passed("near_duplicates", f"no train/val pair within Hamming distance {distance}{inside}"), section
+        message = f"no train/val pair within Hamming distance {distance} ({allowed.describe()}){inside}"
+        return passed("near_duplicates", message), section
     first, cross = pairs.iloc[0], int(pairs["cross_class"].sum())
     message = (
         f"{len(pairs)} train/val near-duplicate pair(s) within Hamming distance {distance} "
-        f"({pairs['val_name'].nunique()} val images; {cross} across classes: also a label problem; tolerated: "
-        f"{max_pairs}, params.yaml validate.near_duplicates_max_pairs) — e.g. val {first['val_wnid']}/"
-        f"{first['val_name']} ~ train {first['train_wnid']}/{first['train_name']} (distance {first['distance']}); "
-        f"review near_duplicates.png, then copy near_duplicates_exclude.csv to the curation exclude list{inside}"
+        f"({pairs['val_name'].nunique()} val images; {cross} across classes: also a label problem; "
+        f"{allowed.describe()}) — e.g. val {first['val_wnid']}/{first['val_name']} ~ train "
+        f"{first['train_wnid']}/{first['train_name']} (distance {first['distance']}); review near_duplicates.png, "
+        f"then copy near_duplicates_exclude.csv to the curation exclude list{inside}"
     )
-    status = "warn" if len(pairs) <= max_pairs else "fail"
-    examples = pairs[[*PAIR_COLUMNS, "cross_class"]].head(limit).to_dict("records")
-    return CheckResult("near_duplicates", status, message, len(pairs), examples), section
+    examples = pairs[[*PAIR_COLUMNS, "cross_class"]].head(params.report_examples).to_dict("records")
+    return CheckResult("near_duplicates", allowed.status(len(pairs)), message, len(pairs), examples), section

@@ -86,7 +86,9 @@ def run_validation(
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
     classes = class_table(meta, label_map)
     counts = count_summary(classes, {"train": params.train_count, "val": params.val_count})
-    results += [class_set_check(classes, limit), class_count_check(classes, counts, limit)]
+    extract_report = _extract_report(Path(manifests_dir))
+    holdout = extract_report.get("holdout")  # val held out of train: a class may get no val image
+    results += [class_set_check(classes, limit, holdout), class_count_check(classes, counts, limit)]
     manifest_result, totals = manifest_check(meta, manifests, bad, limit)
     results += [manifest_result, manifest_label_check(meta, manifests, limit)]
     findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample), params.workers)
@@ -112,7 +114,6 @@ def run_validation(
         for s in SPLITS
     }
     report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
-    extract_report = _extract_report(Path(manifests_dir))
     report["curation"] = {k: v for k, v in extract_report.get("curation", {}).items() if k != "applied"}
     report["version"] = version_index(meta, label_map, extract_report)  # flows/validate records it, then drops it
     return {**report, "near_duplicates": plain(near_section)}

@@ -8,7 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint serve server remote-local remote-s3 bench clean
+# `make docs`: regenerate docs/params.md from the params models (tests/test_docs.py fails when it is stale).
+.PHONY: run test lint docs serve server remote-local remote-s3 bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,9 @@ test: $(STAMP)
 LINT_PATHS := tasks flows imagenet_parquet
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS) && $(BIN)/ruff format --check $(LINT_PATHS) && $(BIN)/mypy $(LINT_PATHS)
+
+docs: $(STAMP)
+	$(BIN)/python -m tasks.common.params_doc
 
 clean:
 	rm -rf data .venv

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from tasks.common import ARCHIVES
+from tests.helpers.docs import readme_params
 from tests.helpers.project import unactivated_dvc
 
 
@@ -32,7 +33,8 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     source = tmp_path / "archives"
     shutil.copytree(sample_release, source)
     params = project_copy / "params.yaml"
-    text = params.read_text().replace("  source: sample", f"  source: {source}", 1)
+    linked = readme_params("own-ilsvrc2012", download__source=str(source))["download"]  # the README's one line
+    text = params.read_text().replace("  source: sample", f"  source: {linked['source']}", 1)
     params.write_text(text.replace("checksums: auto", f"checksums: {source / 'sample_md5.tsv'}", 1))
     third = _repro(project_copy)
     assert "Running stage 'download'" in third and "Running stage 'verify'" in third

@@ -23,6 +23,7 @@ from tasks.extract import stage as extract
 from tasks.extract.holdout import holdout_value
 from tests.helpers.archives import special, tar_bytes
 from tests.helpers.datasets import small_jpeg
+from tests.helpers.docs import readme_params
 from tests.helpers.params import project, write_params
 from tests.helpers.project import copy_project
 
@@ -80,9 +81,9 @@ def test_a_tar_and_its_tar_gz_through_dvc_repro_give_the_same_shards_and_a_stabl
     names = write_archive(src / "winter21_whole.tar")
     _gzip(src / "winter21_whole.tar", src / "winter21_whole.tar.gz")
     repo = copy_project(tmp_path / "project")
-    extract_params = {"mode": "archive21k", "catalog": "derived", "holdout": HOLDOUT}
-    write_params(repo, download={"source": str(src), "archive": "winter21_whole.tar"}, extract=extract_params,
-                 validate=BOUNDS)
+    snippet = readme_params("own-21k", download__source=str(src), extract__holdout=HOLDOUT)  # the README's keys
+    extract_params = snippet["extract"]
+    write_params(repo, download=snippet["download"], verify=snippet["verify"], extract=extract_params, validate=BOUNDS)
     out = _repro(repo)
     assert "NOT COMPARED: there is no MD5 table" in out
     verified = json.loads((repo / "data/raw/verify.json").read_text())

@@ -23,6 +23,7 @@ from tasks.extract import stage as extract
 from tasks.extract.holdout import holdout_value
 from tasks.validate.dataset_checks import class_table, count_summary
 from tests.helpers.datasets import small_jpeg
+from tests.helpers.docs import readme_params
 from tests.helpers.params import project, write_params
 from tests.helpers.project import copy_project
 from tests.test_extract import make_tree, run_folder
@@ -62,7 +63,7 @@ def test_any_folder_names_get_imagefolder_labels_through_dvc_repro(tmp_path, pre
     tree = tmp_path / "tree"
     files = _write_tree(tree, NAMES, {"train": 3, "val": 2})
     repo = copy_project(tmp_path / "project")
-    write_params(repo, extract={"mode": "folder", "folder": str(tree)})
+    write_params(repo, extract=readme_params("own-imagenet100", extract__folder=str(tree))["extract"])
     _run(["dvc", "repro"], repo)
     label_map = json.loads((repo / "data/label_map.json").read_text())
     assert [c["name"] for c in label_map["classes"]] == sorted(NAMES)  # str sort: "10" < "9" < "Zebra" < "apple"
@@ -208,8 +209,10 @@ def test_the_readme_holdout_example_through_dvc_repro(tmp_path, prefect_api):
     tree = tmp_path / "tree"
     files = _write_tree(tree, NAMES[:4], {"train": 12})
     repo = copy_project(tmp_path / "project")
-    write_params(repo, extract={"mode": "folder", "folder": str(tree), "holdout": {"fraction": 0.4, "seed": 0}},
-                 validate={"train_count": [1, 5000], "val_count": [1, 5000]})
+    # the README's snippet as written, but for the location, a fraction that leaves 12 images a class a val image,
+    # and the train bounds of a miniature
+    snippet = readme_params("own-folder", extract__folder=str(tree), extract__holdout={"fraction": 0.4, "seed": 0})
+    write_params(repo, extract=snippet["extract"], validate={**snippet["validate"], "train_count": [1, 5000]})
     _run(["dvc", "repro"], repo)
     reference = imagefolder_labels(tree / "train")
     folder_of = {file: name for name, file in reference}

@@ -73,10 +73,10 @@ def path_key(name: str) -> str:
 
 
 class SampleParams(Section):
-    classes: int = Field(ge=1, le=1000)
+    classes: int = Field(ge=1, le=1000, description="classes in the built-in sample (real ILSVRC2012 wnids)")
     train_per_class: int = Field(ge=1, le=1300, description="images per class, at most ILSVRC2012's 1300")
     val_per_class: int = Field(ge=1, le=50, description="images per class, at most ILSVRC2012's 50")
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, description="the seed the sample's images are drawn from (same seed: same bytes)")
 
 
 Text = Annotated[str, Field(min_length=1)]
@@ -91,10 +91,19 @@ class DownloadParams(Section):
         description="the ImageNet-21k archive (extract.mode: archive21k): a file name under download.source, or a "
         "path or URL; .tar, .tar.gz or .tgz (null: ILSVRC2012's three archives)"
     )
-    retries: int = Field(ge=0, le=1000, json_schema_extra=SPEED_ONLY)
-    backoff_s: float = Field(ge=0, le=3600, json_schema_extra=SPEED_ONLY)
-    timeout_s: float = Field(gt=0, le=86400, json_schema_extra=SPEED_ONLY)
-    chunk_mb: float = Field(gt=0, le=1024, json_schema_extra=SPEED_ONLY)
+    retries: int = Field(
+        ge=0, le=1000, description="attempts after a failed one, each resuming with Range", json_schema_extra=SPEED_ONLY
+    )
+    backoff_s: float = Field(
+        ge=0, le=3600, description="first retry delay in seconds, doubled each retry", json_schema_extra=SPEED_ONLY
+    )
+    timeout_s: float = Field(
+        gt=0,
+        le=86400,
+        description="connect / read timeout: a longer stall is a failed attempt",
+        json_schema_extra=SPEED_ONLY,
+    )
+    chunk_mb: float = Field(gt=0, le=1024, description="read / write / hash block in MB", json_schema_extra=SPEED_ONLY)
 
     @field_validator("source", "train", "val", "devkit", "archive")
     @classmethod
@@ -132,17 +141,22 @@ class HoldoutParams(Section):
     relabelling other images never moves it between train and val."""
 
     fraction: float = Field(gt=0, lt=1, description="the share of each class's images held out as val")
-    seed: int = Field(ge=0, le=(1 << 63) - 1)
+    seed: int = Field(ge=0, le=(1 << 63) - 1, description="the key of the name hash (another seed: another split)")
 
 
 class ExtractParams(Section):
-    mode: Literal["archives", "folder", "archive21k"]
+    mode: Literal["archives", "folder", "archive21k"] = Field(
+        description="archives: ILSVRC2012's three archives | folder: a train/<class>, val/<class> tree | "
+        "archive21k: one tar of per-class <wnid>.tar (download.archive)"
+    )
     folder: Text | None = Field(description="root of the train/<class>, val/<class> tree (folder mode)")
     classes: Text = Field(description="all | imagenet100 | a file with one class name per line")
     val_labels: Text = Field(description="devkit | a filename,wnid CSV")
     catalog: Text = Field(description="auto | derived | a wnid<TAB>words table (words of WordNet-named classes)")
     holdout: HoldoutParams | None = Field(description="a mapping {fraction: 0..1, seed: an integer >= 0}")
-    materialize: bool = Field(json_schema_extra=SPEED_ONLY)
+    materialize: bool = Field(
+        description="also write an ImageFolder tree under paths.work (not a DVC out)", json_schema_extra=SPEED_ONLY
+    )
 
     @model_validator(mode="after")
     def _folder_mode_needs_folder(self) -> ExtractParams:
@@ -176,13 +190,22 @@ Workers = Annotated[
 
 
 class ConvertParams(Section):
-    policy: Literal["passthrough", "reencode"]
-    quality: int = Field(ge=1, le=100)
-    resize_shorter: Annotated[int, Field(ge=1, le=65536)] | None
-    exif: Literal["keep", "transpose"]
-    full_decode: bool
-    shard_mb: int | float = Field(ge=0.001, le=1 << 20)  # int stays int: it is recorded in the shards
-    row_group_rows: int = Field(ge=1, le=1 << 24)
+    policy: Literal["passthrough", "reencode"] = Field(
+        description="passthrough: clean JPEGs stored byte for byte, only what must change re-encoded | reencode: every "
+        "image re-encoded at quality"
+    )
+    quality: int = Field(ge=1, le=100, description="JPEG quality whenever an image is (re-)encoded")
+    resize_shorter: Annotated[int, Field(ge=1, le=65536)] | None = Field(
+        description="shorter side resized to this (Lanczos), never upscaled (null: no resize)"
+    )
+    exif: Literal["keep", "transpose"] = Field(
+        description="keep: bytes untouched, orientation recorded in exif_orientation | transpose: pixels rotated"
+    )
+    full_decode: bool = Field(description="also fully decode images kept byte for byte (~10x slower)")
+    shard_mb: int | float = Field(
+        ge=0.001, le=1 << 20, description="target shard size in MB of input (0.5-2x)"
+    )  # int stays int: it is recorded in the shards
+    row_group_rows: int = Field(ge=1, le=1 << 24, description="rows per Parquet row group")
     order: Literal["hashed", "class"] = Field(
         description="hashed: rows by a keyed hash of the image name (every row group a uniform class mix) | "
         "class: sorted by class, then name (class locality)"
@@ -192,13 +215,15 @@ class ConvertParams(Section):
         "reduced decode, ~3x the rest of a pass-through convert's CPU) | false: `phash` null, validate reports "
         "near-duplicates as not checked"
     )
-    workers: Workers = Field(json_schema_extra=SPEED_ONLY)
-    task_runner: Literal["local", "dask"] = Field(json_schema_extra=SPEED_ONLY)
+    workers: Workers = Field(description="local processes (auto: the CPUs available)", json_schema_extra=SPEED_ONLY)
+    task_runner: Literal["local", "dask"] = Field(
+        description="local: a pool of processes | dask: a Dask cluster at dask_address", json_schema_extra=SPEED_ONLY
+    )
     dask_address: Text | None = Field(
         description="a Dask scheduler address (tcp://host:8786)", json_schema_extra=SPEED_ONLY
     )
-    max_bad_fraction: float = Field(ge=0, le=1)
-    max_image_pixels: int = Field(ge=1, le=1 << 40)
+    max_bad_fraction: float = Field(ge=0, le=1, description="fail when a split has more bad images than this fraction")
+    max_image_pixels: int = Field(ge=1, le=1 << 40, description="decompression-bomb guard: larger images quarantined")
 
     @model_validator(mode="after")
     def _dask_needs_address(self) -> ConvertParams:
@@ -213,12 +238,14 @@ class ValidateParams(Section):
     train_count: list[Count] = Field(min_length=2, max_length=2, description="[min, max] images per class")
     val_count: list[Count] = Field(min_length=2, max_length=2, description="[min, max] images per class")
     decode_sample: int | float | str = Field(description='a row count (int >= 0), a fraction (0..1) or "all"')
-    leakage_max_pairs: int = Field(ge=0)
-    report_examples: int = Field(ge=0)
-    contact_sheet_per_class: int = Field(ge=1)
-    contact_sheet_classes: int = Field(ge=1)
+    leakage_max_pairs: int = Field(ge=0, description="train/val pairs of identical bytes that only warn; more fail")
+    report_examples: int = Field(ge=0, description="example rows shown per failed check in the report")
+    contact_sheet_per_class: int = Field(ge=1, description="thumbnails per class and split on the contact sheet")
+    contact_sheet_classes: int = Field(ge=1, description="classes on the contact sheet (evenly spaced labels)")
     near_duplicates_distance: int = Field(ge=0, le=16, description="Hamming distance between 64-bit fingerprints")
-    near_duplicates_max_pairs: int = Field(ge=0)
+    near_duplicates_max_pairs: int = Field(
+        ge=0, description="near-duplicate train/val pairs that only warn (at least; see the chance margin); more fail"
+    )
     near_duplicates_chance_margin: float = Field(
         ge=0,
         le=1e6,
@@ -226,7 +253,9 @@ class ValidateParams(Section):
         "train x val comparisons of unrelated uniform fingerprints); 0: near_duplicates_max_pairs alone",
     )
     near_duplicates_train_distance: int = Field(ge=0, le=8, description="Hamming distance within train")
-    workers: Workers = Field(json_schema_extra=SPEED_ONLY)
+    workers: Workers = Field(
+        description="processes checking shards (auto: the CPUs available)", json_schema_extra=SPEED_ONLY
+    )
 
     @field_validator("train_count", "val_count")
     @classmethod

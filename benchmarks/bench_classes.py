@@ -144,14 +144,18 @@ from pathlib import Path
 import pyarrow as pa
 from tasks.extract.stage import STAGING_SCHEMA, _write_staging, finalize
 from tasks.convert.stage import _manifest
-from tasks.convert.plan import order_rows, plan_split
-step, rows, classes, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+from tasks.convert.plan import ordered, plan_split
+step, rows, classes, out, shape = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
 if step == "make":
     for split, n in (("train", rows), ("val", max(rows // 26, classes))):
         c = [f"n{i % classes:08d}" for i in range(n)]
         names = [f"{w}_{split}_{i}.JPEG" for i, w in enumerate(c)]
-        table = pa.table({"wnid": c, "name": names, "source": [f"{split}/{w}/{m}" for w, m in zip(c, names)],
-                          "member": [""] * n, "offset": [0] * n, "size": [110_000 + i % 9973 for i in range(n)]})
+        archive = shape == "archive"  # one archive of per-class tars (21k), else a folder tree (one file each)
+        source = ["raw/winter21_whole.tar"] * n if archive else [f"{split}/{w}/{m}" for w, m in zip(c, names)]
+        member = [w + ".tar" for w in c] if archive else [""] * n
+        sizes = [110_000 + i % 9973 for i in range(n)]
+        table = pa.table({"wnid": c, "name": names, "source": source, "member": member, "offset": [0] * n,
+                          "size": sizes})
         _write_staging(out / "staging", split, table.cast(STAGING_SCHEMA), "synthetic", [])
     base = 0
 elif step == "finalize":
@@ -160,19 +164,20 @@ elif step == "finalize":
 else:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for split in ("train", "val"):
-        plans = plan_split(split, order_rows(_manifest(out / "manifests" / f"{split}.parquet"), "hashed"), 256 << 20, "b")
+        plans = plan_split(split, ordered(_manifest(out / "manifests" / f"{split}.parquet"), "hashed"), 256 << 20, "b")
 print(json.dumps({"base_mb": base / 1024, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def synthetic(rows: int, classes: int, env: dict[str, str]) -> dict[str, object]:
+def synthetic(rows: int, classes: int, env: dict[str, str], shape: str) -> dict[str, object]:
     """finalize (extract's labelling, curation, sort and manifests) and the plan on a staging index of `rows`
     synthetic train rows (+ rows/26 val) in one process each, without files: RSS per row resolved at 10^6 rows."""
-    out = WORK / f"synthetic-{rows}"
+    out = WORK / f"synthetic-{shape}-{rows}"
     shutil.rmtree(out, ignore_errors=True)
-    found = {step: python_args(SYNTH, [step, str(rows), str(classes), str(out)], env)
+    found = {step: python_args(SYNTH, [step, str(rows), str(classes), str(out), shape], env)
              for step in ("make", "finalize", "plan")}
     found["rows"] = rows + max(rows // 26, classes)  # type: ignore[assignment]
+    found["shape"] = shape  # type: ignore[assignment]
     shutil.rmtree(out, ignore_errors=True)
     return found
 
@@ -225,10 +230,11 @@ def print_table(steps: dict[str, object], images: int, classes: int) -> None:
     for name, r in steps.items():
         if isinstance(r, dict) and "wall" in r:
             print(f"{name:<16}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['rss_mb']:>13.0f}")
-    for n, found in steps["synthetic"].items():  # type: ignore[union-attr]
+    for found in steps["synthetic"].values():  # type: ignore[union-attr]
         for step in ("finalize", "plan"):
             r = found[step]
-            print(f"{step + ' ' + format(found['rows'], ','):<16}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['rss_mb']:>13.0f}")
+            label = f"{step} {found['shape']} {found['rows']:,}"
+            print(f"{label:<16}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['rss_mb']:>13.0f}")
     for key in ("v1 sizes", "v2 sizes"):
         print(f"{key}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                     for k, v in steps[key].items()))  # type: ignore[union-attr]
@@ -253,7 +259,9 @@ def main() -> None:
         fits = {k: extract_and_plan(k, trees[k], args, env) for k in ("fewer images", "fewer classes")}
         project, steps = run_pipeline(trees["full"], args, env)
     fits["full"] = {"extract": steps["extract"], "plan": steps["plan"]}
-    steps["synthetic"] = {n: synthetic(n, args.classes, env) for n in (args.synthetic // 2, args.synthetic)}
+    # N and 2N rows (a manifest row group is 2^20 rows: below it the writer's batch grows with N too), both shapes
+    steps["synthetic"] = {f"{shape} {n}": synthetic(n, args.classes, env, shape)
+                          for shape in ("archive", "folder") for n in (args.synthetic, 2 * args.synthetic)}
     images = args.classes * (args.train + args.val)
     print_table(steps, images, args.classes)
     counts = {k: (c, c * (t + args.val)) for k, (c, t) in sizes.items()}

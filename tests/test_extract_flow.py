@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -26,10 +27,12 @@ def make_project(root: Path, sample: Path, **extract_params) -> Path:
 
 def test_flow_on_sample_with_imagefolder(prefect_api, sample_release, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
 
     from flows.extract import extract_flow
 
     monkeypatch.chdir(make_project(tmp_path, sample_release, materialize=True))
+    started = datetime.now(timezone.utc)  # the server is the session's: other tests' runs are there too
     report = extract_flow()
     assert report["images"] == {"train": 200, "val": 50} and report["imagefolder"] == "data/scratch/imagefolder"
     rows = pq.read_table("data/manifests/train.parquet").to_pylist()
@@ -38,7 +41,10 @@ def test_flow_on_sample_with_imagefolder(prefect_api, sample_release, tmp_path, 
     assert len(files) == 250 and files[0].startswith("train/n")
     assert json.loads(Path("data/label_map.json").read_text())["num_classes"] == 10
     with get_client(sync_client=True) as client:
-        runs = [r for r in client.read_flow_runs() if client.read_flow(r.flow_id).name == "extract"]
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["extract"])),
+            flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=started)),
+        )
         assert runs and all(r.state.is_completed() for r in runs)
         task_names = {t.name.rsplit("-", 1)[0] for t in client.read_task_runs()}
     assert {"scan", "write-manifests", "materialize-imagefolder"} <= task_names

@@ -32,7 +32,7 @@ from imagenet_parquet.format import (
 from tasks.common import SPLITS, PipelineError, atomic_path, disk_errors, dumps_json, write_json, write_text
 from tasks.common.dvc_state import stat_key, state_put
 from tasks.common.layout import BAD_IMAGES
-from tasks.common.manifests import MANIFEST_SCHEMA, read_columns, repeated_columns
+from tasks.common.manifests import MANIFEST_SCHEMA, dictionary_columns, read_columns
 from tasks.common.params import path_key
 from tasks.common.progress import Progress as _Bar
 from tasks.convert.fingerprint import stored_fingerprint
@@ -43,7 +43,6 @@ from tasks.convert.writer import write_shard
 
 PREFETCH_BYTES = 32 << 20  # image bytes asked of the kernel ahead of the encoder (page cache, no memory here)
 MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # what convert reads of a manifest
-DICTIONARY_COLUMNS = ["wnid", "source", "member"]  # few distinct values per split (a class, an archive, a tar)
 
 
 def prepare(job: Job) -> list[ShardPlan]:
@@ -275,7 +274,7 @@ def _manifest(path: Path) -> pa.Table:
     """The manifest columns convert needs, read once by the planner (`read_columns`: one chunk per column, the
     repeated strings as dictionaries — ~0.9 of the file's decoded size, never two copies of it)."""
     try:
-        return read_columns(path, MANIFEST_COLUMNS, repeated_columns(path, DICTIONARY_COLUMNS))
+        return read_columns(path, MANIFEST_COLUMNS, dictionary_columns(path))
     except (OSError, pa.ArrowInvalid, KeyError) as err:
         raise PipelineError(
             f"{path}: expected a manifest with columns {MANIFEST_COLUMNS} (docs/CONTRACTS.md), "

@@ -22,7 +22,7 @@ from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_jso
 from tasks.common.archive21k import LAYOUT_KEY, layout
 from tasks.common.archive_pass import entries_table, load_prescan
 from tasks.common.layout import EXTRACT_REPORT, PRESCAN
-from tasks.common.manifests import MANIFEST_SCHEMA, read_columns, repeated_columns
+from tasks.common.manifests import MANIFEST_SCHEMA, dictionary_columns, read_columns
 from tasks.common.params import HoldoutParams, Project
 from tasks.common.synsets import Catalog, shipped_catalog
 from tasks.common.tarindex import index_archive
@@ -199,7 +199,7 @@ def _empty_holdout_split(job: ExtractJob, split: str) -> Path:
 def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, Any]]:
     scan = json.loads((staging_dir / f"{split}.scan.json").read_text(encoding="utf-8"))
     path = staging_dir / f"{split}.parquet"  # read once (13 M rows), a class, a tar, an archive as dictionaries
-    return read_columns(path, STAGING_SCHEMA.names, repeated_columns(path, ["wnid", "source", "member"])), scan
+    return read_columns(path, STAGING_SCHEMA.names, dictionary_columns(path)), scan
 
 
 def finalize(

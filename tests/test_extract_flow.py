@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -32,7 +32,7 @@ def test_flow_on_sample_with_imagefolder(prefect_api, sample_release, tmp_path, 
     from flows.extract import extract_flow
 
     monkeypatch.chdir(make_project(tmp_path, sample_release, materialize=True))
-    started = datetime.now(timezone.utc)  # the server is the session's: other tests' runs are there too
+    started = datetime.now(UTC)  # the server is the session's: other tests' runs are there too
     report = extract_flow()
     assert report["images"] == {"train": 200, "val": 50} and report["imagefolder"] == "data/scratch/imagefolder"
     rows = pq.read_table("data/manifests/train.parquet").to_pylist()

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.common import SPLITS, PipelineError
+from tasks.common.manifests import one_chunk
 from tasks.common.synsets import WNID, Catalog, class_name_problem
 
 HEADERS = {"exclude": ["split", "wnid", "name", "reason"], "relabel": ["split", "wnid", "name", "new_wnid", "reason"]}
@@ -140,11 +141,14 @@ def apply_curation(
     moved = {position[line.wnid, line.name]: line.new_wnid for line in relabel}  # a later line wins
     if moved:
         rows = sorted(moved)
+        column = one_chunk(table.column("wnid"))
+        coded = pa.types.is_dictionary(column.type)  # read so (13 M rows): decoded for the replacement alone
         wnids = pc.replace_with_mask(
-            table.column("wnid").combine_chunks(),
+            column.dictionary_decode() if coded else column,
             pa.array(_mask(table.num_rows, rows)),
             pa.array([moved[row] for row in rows], pa.string()),
         )
+        wnids = wnids.dictionary_encode() if coded else wnids
         table = table.set_column(table.schema.get_field_index("wnid"), "wnid", wnids)
     counts = {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
     if not exclude:

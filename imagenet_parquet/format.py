@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 4  # 2: footer byte index; 3: `phash` column (perceptual fingerprint); 4: rows in `order`
+FORMAT_VERSION = 5  # 2: footer byte index; 3: `phash` (fingerprint); 4: rows in `order`; 5: no ARROW:schema
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
 FINGERPRINT_ALGORITHM = "dct64-v2"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
@@ -161,6 +161,12 @@ def shard_schema(
         "imagenet_parquet": json.dumps(own, sort_keys=True),
     }
     return pa.schema([pa.field(name, dtype) for name, dtype in FIELDS], metadata=metadata)
+
+
+def footer_metadata(schema: pa.Schema) -> dict[str, str]:
+    """The schema metadata as the footer's key-value pairs, each stored once: the writer stores no `ARROW:schema`
+    (which would hold all of it again, base64-encoded), and readers take the schema metadata from these pairs."""
+    return {key.decode(): value.decode() for key, value in (schema.metadata or {}).items()}
 
 
 # ---------------------------------------------------------------- footer byte index

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from imagenet_parquet import ParquetImageDataset
-from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index
+from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index, footer_metadata
 from imagenet_parquet.shards import IndexedReader
 from tasks.common import PipelineError
 from tasks.convert.distribute import run_local
@@ -139,7 +139,9 @@ def test_the_writer_writes_exactly_what_arrow_writes_and_locates_every_value(tmp
     with pq.ParquetWriter(plain, schema, **shard_module.writer_options()) as writer:
         for first in range(0, len(rows), 5):
             writer.write_table(shard_module.to_table(rows[first:first + 5], schema), row_group_size=5)
-        writer.add_key_value_metadata({IMAGE_INDEX_KEY: meta.metadata[IMAGE_INDEX_KEY.encode()].decode()})
+        writer.add_key_value_metadata(
+            {**footer_metadata(schema), IMAGE_INDEX_KEY: meta.metadata[IMAGE_INDEX_KEY.encode()].decode()}
+        )
     assert plain.read_bytes() == data
     options = shard_module.writer_options()
     compressed = {**options, "compression": {**options["compression"], "image.bytes": "zstd"}}

@@ -17,7 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, UNCOMPRESSED_COLUMNS, encode_image_index
+from imagenet_parquet.format import (
+    IMAGE_INDEX_KEY,
+    SMALL_COLUMNS,
+    UNCOMPRESSED_COLUMNS,
+    encode_image_index,
+    footer_metadata,
+)
 from tasks.common import PipelineError, atomic_path
 
 ZSTD_LEVEL = 3
@@ -42,26 +48,31 @@ class ShardWriter:
         (IndexingSink); their (offset, size) pairs go into the footer under IMAGE_INDEX_KEY, so readers fetch an
         image with one pread."""
         count, pending, size = 0, [], 0
+        columns = self.schema.remove_metadata()
         with open(self.path, "wb") as raw:
             sink = IndexingSink(raw, self.path)
             with pq.ParquetWriter(
-                pa.PythonFile(sink, mode="w"), self.schema, memory_pool=memory_pool(), **writer_options()
+                pa.PythonFile(sink, mode="w"), columns, memory_pool=memory_pool(), **writer_options()
             ) as writer:
                 for row in rows:
                     pending.append(row)
                     size += len(row["image"]["bytes"])
                     if len(pending) == self.row_group_rows or size >= ROW_GROUP_MAX_BYTES:
-                        count += self._flush(writer, pending, sink)
+                        count += self._flush(writer, pending, sink, columns)
                         pending, size = [], 0
-                count += self._flush(writer, pending, sink)
-                writer.add_key_value_metadata({IMAGE_INDEX_KEY: encode_image_index(sink.entries)})
+                count += self._flush(writer, pending, sink, columns)
+                writer.add_key_value_metadata(
+                    {**footer_metadata(self.schema), IMAGE_INDEX_KEY: encode_image_index(sink.entries)}
+                )
         self.md5 = sink.md5.hexdigest()
         return count
 
-    def _flush(self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], sink: IndexingSink) -> int:
+    def _flush(
+        self, writer: pq.ParquetWriter, rows: list[dict[str, Any]], sink: IndexingSink, columns: pa.Schema
+    ) -> int:
         if rows:  # a shard of 0 rows is still a valid file carrying the schema
             sink.expect([row["image"]["bytes"] for row in rows])
-            writer.write_table(to_table(rows, self.schema), row_group_size=len(rows))
+            writer.write_table(to_table(rows, columns), row_group_size=len(rows))
             sink.check()
         return len(rows)
 
@@ -172,7 +183,9 @@ def memory_pool() -> pa.MemoryPool:
 def writer_options() -> dict[str, Any]:
     """Fixed writer settings: identical bytes on every run. JPEG bytes don't compress, so they are stored raw
     (PLAIN, no dictionary: each value verbatim, which the footer byte index relies on);
-    statistics only on small columns (min/max of image bytes would be whole images)."""
+    statistics only on small columns (min/max of image bytes would be whole images). No `ARROW:schema` (it would
+    repeat the schema metadata, the whole class list, base64-encoded): every type reads back as written from the
+    Parquet types alone (imagenet_parquet.format), and the metadata is written once, as key-value pairs."""
     compression: dict[str, str] = {column: "zstd" for column in SMALL_COLUMNS}
     compression.update({column: "none" for column in UNCOMPRESSED_COLUMNS})
     return {
@@ -183,6 +196,7 @@ def writer_options() -> dict[str, Any]:
         "write_statistics": SMALL_COLUMNS,
         "version": "2.6",
         "data_page_version": "1.0",
+        "store_schema": False,
     }
 
 

@@ -1,7 +1,7 @@
 """Convert's CPU per image beside the writers of webdataset and MDS (mosaicml-streaming), on the same real JPEGs,
 one process each, side by side in one run (issue 22, item 4).
 
-    python benchmarks/bench_convert_peers.py [--copies 5] [--rounds 3] [--work DIR]
+    python benchmarks/bench_convert_peers.py [--copies 5] [--rounds 3] [--work DIR] [--baseline CHECKOUT]
 
 The images are bench_convert.py's set (--copies x the 1000 real samples: copy 0 the original bytes, copy k cropped
 by k pixels and re-encoded; one tar + manifest + label map, as extract indexes an archive). Every tool reads each
@@ -41,6 +41,7 @@ import bench_convert  # noqa: E402
 SHARD_BYTES = 256 << 20
 TOOLS = ["this project, fingerprint true", "this project, fingerprint false", "webdataset", "webdataset + MD5 (DVC)",
          "MDS (MDSWriter)", "byte copy (floor)"]
+BASELINE = "baseline checkout, fingerprint false"
 
 
 def _reads(root: Path):
@@ -119,11 +120,16 @@ def child(tool: str, root: Path, out: Path) -> None:
     print(json.dumps({"count": count, "cpu": time.process_time() - cpu, "wall": time.perf_counter() - started}))
 
 
-def _run(tool: str, root: Path, work: Path) -> dict | str:
-    out = work / "out" / str(TOOLS.index(tool))
+def _run(tool: str, root: Path, work: Path, baseline: Path | None = None) -> dict | str:
+    """One tool in a fresh process; BASELINE: the convert stage (fingerprint false) of another checkout."""
+    out = work / "out" / str(TOOLS.index(tool) if tool in TOOLS else len(TOOLS))
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    proc = subprocess.run([sys.executable, __file__, "--child", tool, str(root), str(out)], capture_output=True,
-                          text=True)
+    script, env = Path(__file__), None
+    if tool == BASELINE and baseline is not None:
+        script, env = baseline / "benchmarks" / Path(__file__).name, {**os.environ, "PYTHONPATH": str(baseline)}
+        tool = TOOLS[1]
+    proc = subprocess.run([sys.executable, str(script), "--child", tool, str(root), str(out)], capture_output=True,
+                          text=True, env=env)
     subprocess.run(["rm", "-rf", str(out)], check=True)
     if proc.returncode:
         return "skipped: " + (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]
@@ -136,12 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copies", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=bench_convert.WORK)
+    parser.add_argument("--baseline", type=Path, help="another checkout (e.g. `git worktree add DIR main`): its "
+                        "convert stage with fingerprint false runs too, in the same rounds")
     args = parser.parse_args(argv)
     bench_convert.WORK = args.work
     root = bench_convert.build_images(args.copies)
+    tools = TOOLS + [BASELINE] * (args.baseline is not None)
     rounds: list[dict[str, dict | str]] = []
     for k in range(args.rounds):
-        rounds.append({tool: _run(tool, root, args.work) for tool in TOOLS})
+        rounds.append({tool: _run(tool, root, args.work, args.baseline) for tool in tools})
         print(f"round {k}: " + ", ".join(f"{t} {r['ms']:.3f}" if isinstance(r, dict) else f"{t} {r}"
                                          for t, r in rounds[-1].items()), flush=True)
     print_table(rounds)
@@ -151,7 +160,7 @@ def print_table(rounds: list[dict[str, dict | str]]) -> None:
     images = next(r["count"] for r in rounds[0].values() if isinstance(r, dict))
     print(f"\n{images} images, one process each, {len(rounds)} rounds\n")
     print("| writer | CPU ms/img (least) | ÷ webdataset (median of rounds) | wall s (least) |\n|---|---:|---:|---:|")
-    for tool in TOOLS:
+    for tool in rounds[0]:
         runs = [r[tool] for r in rounds if isinstance(r[tool], dict)]
         if not runs:
             print(f"| {tool} | {rounds[0][tool]} | | |")

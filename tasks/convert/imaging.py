@@ -140,7 +140,8 @@ def _require_plausible_size(data: bytes, width: int, height: int, scan: int | No
     """At least MIN_BITS_PER_BLOCK bits of entropy-coded data (from `scan`, the first scan's data; None: the
     whole file) per 8x8 block declared (module docstring), or BadImage."""
     blocks = -(-width // 8) * -(-height // 8)
-    coded = len(data) if scan is None else entropy_coded_bytes(data, scan)
+    enough = -(-blocks * MIN_BITS_PER_BLOCK // 8)  # the fewest whole bytes that pass
+    coded = len(data) if scan is None else entropy_coded_bytes(data, scan, enough)
     if coded * 8 < blocks * MIN_BITS_PER_BLOCK:
         raise BadImage(
             f"implausible_size: {width}x{height} declared ({blocks} 8x8 blocks, at least {blocks // 8} bytes of "

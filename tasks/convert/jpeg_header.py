@@ -76,19 +76,26 @@ def _segments(data: bytes) -> Iterator[tuple[int, int, int]]:
         pos = body + length - 2
 
 
-def entropy_coded_bytes(data: bytes, scan: int) -> int:
+def entropy_coded_bytes(data: bytes, scan: int, enough: int | None = None) -> int:
     """Bytes of entropy-coded data from `scan` to EOI: the marker segments between scans (tables, comments, APPn:
     anything with a length) and RSTn markers are not counted, so padding never counts as image data. Inside
     entropy-coded data an FF is followed by 00 (stuffing) or a standalone RSTn, never by a segment marker or EOI.
-    Cost: one regex pass over the scan data, ~40 us for a 110 KB ImageNet JPEG (the fingerprint's decode: ~1.3 ms)."""
+
+    `enough`: stop as soon as that many bytes are counted (returns `enough`; a count below it is exact) — the
+    plausibility check needs ~1 byte per 64 8x8 blocks, so it reads ~0.4 KB of a 110 KB ImageNet JPEG instead of
+    one regex pass over all its scan data (~35 us)."""
     total, pos = 0, scan
-    while (found := _MARKER.search(data, pos)) is not None:
+    while True:
+        # A marker starting at or before pos + need - 1 ends by pos + need + 1: none found, need bytes are counted
+        stop = len(data) if enough is None else min(len(data), pos + enough - total + 1)
+        found = _MARKER.search(data, pos, stop)
+        if found is None:
+            return total + max(len(data) - pos, 0) if stop == len(data) else enough or 0
         at, marker = found.start(), data[found.start() + 1]
         total += at - pos
         if marker == 0xD9 or at + 4 > len(data):  # EOI, or a marker cut off
             return total
         pos = at + 2 if marker in _NO_LENGTH else at + 2 + int.from_bytes(data[at + 2 : at + 4], "big")
-    return total + max(len(data) - pos, 0)
 
 
 def _frame(data: bytes, marker: int, body: int, length: int) -> tuple[int, int, int] | None:

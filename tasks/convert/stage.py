@@ -37,6 +37,7 @@ from tasks.common.params import path_key
 from tasks.common.progress import Progress as _Bar
 from tasks.convert.fingerprint import stored_fingerprint
 from tasks.convert.imaging import BadImage, Encoded, encode_image
+from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
 from tasks.convert.plan import Rows, ShardPlan, finished_stats, ordered, plan_split, remove_stale
 from tasks.convert.writer import write_shard
@@ -53,7 +54,7 @@ def prepare(job: Job) -> list[ShardPlan]:
     plans: list[ShardPlan] = []
     for split in job.splits():
         table = _manifest(job.manifest(split))
-        _check_labels(job.manifest(split), table, wnid_label)
+        check_labels(job.manifest(split), table, wnid_label)
         rows = ordered(table, job.order)
         split_plans = plan_split(split, rows, job.target_bytes, base, order=job.order)
         remove_stale(job.parquet / split, {p.name for p in split_plans})
@@ -291,23 +292,13 @@ def _write_slices(job: Job, rows: Rows, plans: list[ShardPlan]) -> None:
 
 
 def _rows(job: Job, plan: ShardPlan) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = pq.read_table(job.rows_path(plan)).to_pylist()
+    rows: list[dict[str, Any]] = read_all(job.rows_path(plan)).to_pylist()
     if len(rows) != plan.stop - plan.start:
         raise PipelineError(
             f"{job.rows_path(plan)}: expected {plan.stop - plan.start} manifest rows for "
             f"{plan.name}, found {len(rows)}; another run is using the same work directory?"
         )
     return rows
-
-
-def _check_labels(path: Path, table: pa.Table, wnid_label: dict[str, int]) -> None:
-    pairs = table.select(["wnid", "label"]).group_by(["wnid", "label"]).aggregate([]).to_pylist()
-    wrong = sorted((p["wnid"], p["label"]) for p in pairs if wnid_label.get(p["wnid"]) != p["label"])
-    if wrong:
-        raise PipelineError(
-            f"{path}: expected every (wnid, label) to match the label map, found {len(wrong)} "
-            f"that do not, e.g. {wrong[:3]}; re-run the extract stage so both agree"
-        )
 
 
 def _base_key(job: Job) -> str:

@@ -1,9 +1,10 @@
 """The Parquet shard format: the one contract the convert stage (writer) and the reader share.
 
 Columns and Arrow types, the schema metadata (`huggingface` features and the project's own `imagenet_parquet`
-key), the `transform` vocabulary, the per-row byte index in the footer (encode and decode), and reading the label
-map (from `label_map.json` or from a shard's metadata). Needs only pyarrow and numpy. Described in words in
-docs/CONTRACTS.md; bump `FORMAT_VERSION` when the bytes written for the same inputs change."""
+key, whose label map leaves the class names to the former), the `transform` vocabulary, the per-row byte index in
+the footer (encode and decode), and reading the label map (from `label_map.json` or from a shard's metadata). Needs
+only pyarrow and numpy. Described in words in docs/CONTRACTS.md; bump `FORMAT_VERSION` when the bytes written for
+the same inputs change."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 5  # 2: footer byte index; 3: `phash` (fingerprint); 4: rows in `order`; 5: no ARROW:schema
+FORMAT_VERSION = 5  # 2: byte index; 3: `phash`; 4: rows in `order`; 5: no ARROW:schema, label map by field
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
 FINGERPRINT_ALGORITHM = "dct64-v2"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
@@ -42,6 +43,7 @@ UNCOMPRESSED_COLUMNS = ["image.bytes"]
 SMALL_COLUMNS = ["image.path", *COLUMNS[1:]]
 METADATA_KEY = b"imagenet_parquet"
 HF_METADATA_KEY = b"huggingface"
+CLASS_FIELDS = "class_fields"  # label_map: one list per class field, no names (stored_label_map)
 IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of image.bytes, in the footer
 # Every `transform` value is `none` or these steps joined by `+`.
 TRANSFORM_STEP_PATTERN = r"[a-z0-9]+_to_jpeg|cmyk_to_rgb|to_rgb|exif_transpose|resize_[0-9]+|reencode_q[0-9]+"
@@ -111,16 +113,35 @@ def own_metadata(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
     return _metadata_json(meta, METADATA_KEY)
 
 
+def hf_class_names(meta: dict[bytes, bytes] | None) -> list[str] | None:
+    """The Hugging Face ClassLabel names (`huggingface` metadata), in label order, when present."""
+    hf = _metadata_json(meta, HF_METADATA_KEY)
+    names: list[str] | None = (((hf or {}).get("info") or {}).get("features") or {}).get("label", {}).get("names")
+    return names
+
+
+def own_label_map(meta: dict[bytes, bytes] | None, where: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The label map of a shard's `imagenet_parquet` metadata, whole (as label_map.json), or None when it has none.
+
+    Format 5 stores it without the class names and with one list per other field (`stored_label_map`); older
+    shards store it whole."""
+    ours = own_metadata(meta)
+    stored = ours.get("label_map") if ours else None
+    if not isinstance(stored, dict):
+        return None
+    if CLASS_FIELDS not in stored:
+        return stored
+    return _whole_label_map(stored, hf_class_names(meta) or [], where)
+
+
 def label_map_from_metadata(meta: dict[bytes, bytes] | None, where: str | os.PathLike[str]) -> dict[str, Any]:
     """The label map stored in a shard's schema metadata (`imagenet_parquet` -> `label_map`).
 
     Falls back to the Hugging Face ClassLabel names (`huggingface` metadata) for shards written by others."""
-    ours = own_metadata(meta)
-    if ours and isinstance(ours.get("label_map"), dict):
-        label_map: dict[str, Any] = ours["label_map"]
-        return label_map
-    hf = _metadata_json(meta, HF_METADATA_KEY)
-    names = (((hf or {}).get("info") or {}).get("features") or {}).get("label", {}).get("names")
+    ours = own_label_map(meta, where)
+    if ours is not None:
+        return ours
+    names = hf_class_names(meta)
     if names:
         return {
             "num_classes": len(names),
@@ -132,6 +153,38 @@ def label_map_from_metadata(meta: dict[bytes, bytes] | None, where: str | os.Pat
         f"ClassLabel names), found keys {sorted(k.decode() for k in (meta or {}))}; pass label_map= explicitly "
         "(e.g. data/label_map.json)"
     )
+
+
+def stored_label_map(label_map: dict[str, Any]) -> dict[str, Any]:
+    """The label map as a shard's `imagenet_parquet` metadata holds it: no class names (the `huggingface` ClassLabel
+    names hold them, in label order) and one list per other class field (`class_fields`) instead of one dict per
+    class. At 19,000 classes ~0.7 MB instead of ~1.9 MB in every footer. A label map whose classes do not all have
+    the same fields is stored whole (a missing field and a null one read back differently)."""
+    classes = label_map.get("classes") or []
+    keys = sorted({key for c in classes for key in c} - {"label", "name"})
+    if any(len(c) != len(keys) + 2 for c in classes):
+        return label_map
+    rest = {key: value for key, value in label_map.items() if key != "classes"}
+    return {**rest, CLASS_FIELDS: {key: [c[key] for c in classes] for key in keys}}
+
+
+def _whole_label_map(stored: dict[str, Any], names: list[str], where: str | os.PathLike[str]) -> dict[str, Any]:
+    fields = stored[CLASS_FIELDS]
+    lengths = (
+        {k: len(v) if isinstance(v, list) else None for k, v in fields.items()} if isinstance(fields, dict) else {}
+    )
+    if not isinstance(fields, dict) or any(n != len(names) for n in lengths.values()):
+        raise FormatError(
+            f"{where}: expected '{METADATA_KEY.decode()}' label_map.{CLASS_FIELDS} lists as long as the "
+            f"{len(names)} Hugging Face ClassLabel names, found lengths {lengths or type(fields).__name__}; "
+            "the footer was altered after conversion — re-run the convert stage"
+        )
+    classes = [{"label": label, "name": name} for label, name in enumerate(names)]
+    for key, values in fields.items():
+        for entry, value in zip(classes, values, strict=True):
+            entry[key] = value
+    rest = {key: value for key, value in stored.items() if key != CLASS_FIELDS}
+    return {**rest, "classes": classes}
 
 
 # ---------------------------------------------------------------- schema
@@ -150,7 +203,7 @@ def shard_schema(
 
     `fingerprinted` False: the FINGERPRINT_COLUMN is null in every row, and `fingerprint_algorithm` is null."""
     own = {
-        "label_map": label_map,
+        "label_map": stored_label_map(label_map),
         "convert_params": params,
         "split": split,
         "hash_algorithm": HASH_ALGORITHM,

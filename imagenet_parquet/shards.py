@@ -22,7 +22,7 @@ from .format import (
     METADATA_KEY,
     decode_image_index,
     label_map_from_metadata,
-    own_metadata,
+    own_label_map,
     read_indexed,
 )
 
@@ -89,11 +89,6 @@ def willneed(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]]) ->
 _LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # where a shard's label map is read from
 
 
-def _own_label_map(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
-    ours = own_metadata(meta)
-    return ours.get("label_map") if ours else None
-
-
 def _label_keys(label_map: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     return sorted((c.get("label"), c.get("wnid"), c.get("name")) for c in label_map.get("classes", []))
 
@@ -129,9 +124,9 @@ class ShardIndex:
         for i, path in enumerate(files):
             meta = metadata[i] if metadata is not None else pq.read_metadata(path)
             raw = tuple((meta.metadata or {}).get(key) for key in _LABEL_MAP_KEYS)
-            if raw not in parsed:  # 19,000 classes: ~2 MB of JSON a shard, the same in every shard of a split
+            if raw not in parsed:  # 19,000 classes: ~1 MB of JSON a shard, the same in every shard of a split
                 parsed[raw] = (
-                    _own_label_map(meta.metadata)
+                    own_label_map(meta.metadata, path)
                     if label_map is not None
                     else label_map_from_metadata(meta.metadata, path)
                 )

@@ -16,8 +16,8 @@ from tests.helpers.datasets import contract_row
 from tests.helpers.images import indexed_jpeg
 
 CLASSES, ROWS = 2000, 12
-NAME_COPIES = 2  # how many times a footer may hold each class name
-FOOTER_PER_LABEL_MAP = 1.25  # footer bytes at most this many times the label map's JSON
+NAME_COPIES = 1  # how many times a footer may hold each class name (the ClassLabel names)
+FOOTER_PER_LABEL_MAP = 0.75  # footer bytes at most this many times the label map's JSON (before: 2.6)
 
 
 def _label_map(classes: int) -> dict:
@@ -103,3 +103,26 @@ def _hf_features(path: Path, cache: Path) -> object:
     assert isinstance(ds.features["label"], datasets.ClassLabel)
     assert ds.features["label"].num_classes == CLASSES
     return ds.features
+
+
+def test_label_map_stored_by_field_and_read_back_whole(tmp_path):
+    """Format 5 stores the label map without names, one list per field; a shard of format <= 4 (the label map
+    whole) and a label map whose classes lack a field (stored whole) read back as they were written."""
+    from imagenet_parquet.format import FormatError, own_label_map, stored_label_map
+
+    label_map = _label_map(3)
+    stored = stored_label_map(label_map)
+    assert "classes" not in stored and stored["class_fields"]["wnid"] == [c["wnid"] for c in label_map["classes"]]
+    assert "zq-name-00001" not in json.dumps(stored["class_fields"]["wnid"])
+    schema = shard_schema(label_map, {}, "train")
+    assert own_label_map(schema.metadata, "x") == label_map
+    older = {**json.loads(schema.metadata[b"imagenet_parquet"]), "label_map": label_map}
+    assert own_label_map({**schema.metadata, b"imagenet_parquet": json.dumps(older).encode()}, "x") == label_map
+    uneven = {**label_map, "classes": [{k: v for k, v in c.items() if k != "words" or c["label"]}
+                                       for c in label_map["classes"]]}
+    assert stored_label_map(uneven) == uneven
+    assert own_label_map(shard_schema(uneven, {}, "train").metadata, "x") == uneven
+    cut = {**json.loads(schema.metadata[b"imagenet_parquet"])}
+    cut["label_map"]["class_fields"]["wnid"].pop()
+    with pytest.raises(FormatError, match=r"shard\.parquet: expected .*class_fields lists as long as the 3 Hugging"):
+        own_label_map({**schema.metadata, b"imagenet_parquet": json.dumps(cut).encode()}, "shard.parquet")

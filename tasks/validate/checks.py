@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import pandera.pandas as pa
 
-from imagenet_parquet.format import FIELDS, HASH_ALGORITHM, TRANSFORM_PATTERN, hf_features
+from imagenet_parquet.format import FIELDS, HASH_ALGORITHM, TRANSFORM_PATTERN, FormatError, hf_features, own_label_map
 
 DESCRIPTIONS = {
     "shard_schema": "every shard has the contract's columns, in order, with the contract's Arrow types",
@@ -148,7 +148,11 @@ def _metadata_problem(metadata: dict[bytes, bytes], split: str, label_map: dict[
         return f"imagenet_parquet.hash_algorithm is {own.get('hash_algorithm')!r}, expected {HASH_ALGORITHM!r}"
     if own.get("split") != split:
         return f"imagenet_parquet.split is {own.get('split')!r} in the {split} directory"
-    if own.get("label_map") != label_map:
+    try:
+        stored = own_label_map(metadata, split)  # format 5: without the names, which the ClassLabel holds
+    except FormatError as err:
+        return f"imagenet_parquet.label_map that cannot be read back ({err})"
+    if stored != label_map:
         return "imagenet_parquet.label_map differs from label_map.json (train and val must share one label map)"
     expected = hf_features([c["name"] for c in label_map["classes"]])["info"]["features"]
     if features.get("label") != expected["label"]:

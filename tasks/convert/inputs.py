@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.common import PipelineError
+from tasks.common.manifests import int64_values
 
 
 def read_all(path: Path) -> pa.Table:
@@ -41,18 +42,10 @@ def _distinct_pairs(table: pa.Table) -> list[tuple[str | None, int | None]]:
         classes = classes.dictionary_encode()
     labels = table.column("label").combine_chunks()
     columns = (classes.indices, classes.indices.is_null(), labels, labels.is_null())
-    keys = np.stack([_int64s(c) for c in columns], axis=1)
+    keys = np.stack([int64_values(c) for c in columns], axis=1)
     names = classes.dictionary.to_pylist()
     found = (
         (None if no_class else names[k], None if no_label else label)
         for k, no_class, label, no_label in np.unique(keys, axis=0).tolist()
     )
     return list(dict.fromkeys(found))  # a null's slot holds any value: each pair once
-
-
-def _int64s(array: pa.Array) -> np.ndarray:
-    """An integer or boolean array's value slots as int64 (not to_numpy or fill_null: they load pandas)."""
-    values = array.cast(pa.int64())
-    if not len(values):
-        return np.zeros(0, np.int64)
-    return np.frombuffer(values.buffers()[1], np.int64, len(values), values.offset * 8)

@@ -27,6 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tasks.common.manifests import int64_values
+
 # The content-defined layout cuts a new shard where the row key (wnid, name) hashes under a threshold, so a cut
 # depends on that row (and the bytes since the previous cut) only: adding, removing or relabelling images moves
 # the cuts of the shards around them, never the cuts further on. Shards hold MIN..MAX of the target (mean ~ 1).
@@ -215,7 +217,7 @@ def _digest_rows(digest: Any, table: pa.Table) -> None:
             raise ValueError(f"manifest column {name!r}: expected no nulls, found {column.null_count}")
         digest.update(name.encode() + b"\0")
         if pa.types.is_integer(column.type):
-            digest.update(column.to_numpy().astype("<i8").tobytes())
+            digest.update(int64_values(column).astype("<i8").tobytes())
             continue
         column = column.cast(pa.large_string())
         offsets = np.frombuffer(column.buffers()[1], "<i8")[column.offset : column.offset + len(column) + 1]

@@ -22,10 +22,11 @@ import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .format import class_ids, read_label_map
+from .overlay import Overlay, kept_order, resolve_overlay
 from .partition import Position, epoch_order, rank_positions, worker_positions
 from .readahead import read_ahead
 from .resume import Resumable
-from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, find_shards
+from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, checked_label, find_shards
 
 if TYPE_CHECKING:
     from .remote import RemoteShards
@@ -70,6 +71,7 @@ class _ShardedImages:
         decode: bool,
         label_map: Any,
         cache_row_groups: int,
+        overlay: Any = "auto",
     ):
         explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
         from .remote import RemoteShards
@@ -85,9 +87,32 @@ class _ShardedImages:
         self.target_transform = target_transform
         self.draft_size = draft_size
         self.decode = decode
+        self.overlay = self._overlay(overlay, split)
+        self._kept = None if self.overlay is None else self.overlay.kept
         self._reader = RowGroupReader(self.index, READ_COLUMNS, cache_size=cache_row_groups, remote=self.remote)
-        self._indexed = IndexedReader(self.files)
+        self._indexed = IndexedReader(self.files, num_classes=len(self.label_names), labels=self.overlay is None)
         self._labels: dict[int, np.ndarray] = {}
+
+    def _overlay(self, overlay: Any, split: str | None) -> Overlay | None:
+        """The curation overlay (overlay.py): found beside the shards (or fetched with a remote version) by default."""
+        rows = np.bincount(self.index.file_of, weights=self.index.rows, minlength=len(self.files)).astype(np.int64)
+        if self.remote is not None:
+            first = self.remote.footer(0).metadata
+            found, footers = self.remote.overlay_file(), self.remote.footer_digests()
+            return resolve_overlay(
+                overlay, self.files, split, rows.tolist(), len(self.label_names), first, found, footers
+            )
+        first = pq.read_metadata(self.files[0]).metadata
+        return resolve_overlay(overlay, self.files, split, rows.tolist(), len(self.label_names), first)
+
+    @property
+    def num_images(self) -> int:
+        """The images this dataset yields: the shards' rows, less those the curation overlay excludes."""
+        return len(self.index) if self._kept is None else len(self._kept)
+
+    def _global(self, index: int) -> int:
+        """Dataset index -> the global row of the shards (the same without an overlay)."""
+        return index if self._kept is None else int(self._kept[index])
 
     @classmethod
     def from_dvc(
@@ -130,7 +155,8 @@ class _ShardedImages:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({len(self.files)} shards from {self.files[0].parent}, "
-            f"{len(self.index)} images, {len(self.index.rows)} row groups, {len(self.label_names)} classes)"
+            f"{self.num_images} images, {len(self.index.rows)} row groups, {len(self.label_names)} classes"
+            f"{', curation overlay applied' if self.overlay is not None else ''})"
         )
 
     @property
@@ -161,13 +187,16 @@ class _ShardedImages:
         if self.remote is not None:
             file, file_row = self.index.locate_file(unit, index)
             image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row)
-            hit = None if image is None else (image, int(self._remote_labels(unit)[row]))
+            label = -1 if image is None or self.overlay is not None else self._remote_labels(unit)[row]
+            hit = None if image is None else (image, label)
         else:
             hit = self._indexed.read(*self.index.locate_file(unit, index))
-        if hit is not None:
-            return hit
-        table = self._reader.read(unit)
-        return table.column("image")[row]["bytes"].as_py(), table.column("label")[row].as_py()
+        if hit is None:
+            table = self._reader.read(unit)
+            hit = table.column("image")[row]["bytes"].as_py(), table.column("label")[row].as_py()
+        if self.overlay is not None:
+            return hit[0], int(self.overlay.labels[index])
+        return hit[0], checked_label(hit[1], len(self.label_names), self.files[self.index.locate_file(unit, index)[0]])
 
     def _remote_labels(self, unit: int) -> np.ndarray:
         """Labels of row group `unit` of remote shards (fetched with the row group, kept: 8 bytes a row)."""
@@ -197,7 +226,11 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
 
     `source`: shard file, shard directory, Parquet root with `split`, or a list of files. `draft_size`: decode
     JPEGs at a reduced scale keeping at least this size (see decode_image). `decode=False` yields raw bytes.
-    `label_map`: a dict or a path to label_map.json; default = the one in the shards' schema metadata."""
+    `label_map`: a dict or a path to label_map.json; default = the one in the shards' schema metadata.
+    `overlay`: the curation overlay (labels and exclusions, docs/CONTRACTS.md): "auto" (default) finds it beside
+    the shards (`<root>/../overlay/<split>.parquet`; a remote version's is fetched and checked) and refuses shards
+    that need one when there is none; a path; or False to read the labels as converted. `len(ds)`, `ds[i]`,
+    `targets` and `classes` are then those of the curated dataset: excluded images are skipped."""
 
     def __init__(
         self,
@@ -210,30 +243,36 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         decode: bool = True,
         label_map: Any = None,
         cache_row_groups: int = 4,
+        overlay: Any = "auto",
     ):
-        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups)
+        super().__init__(
+            source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups, overlay
+        )
 
     def __len__(self) -> int:
-        return len(self.index)
+        return self.num_images
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        total = len(self.index)
+        total = self.num_images
         index = int(index) + total if int(index) < 0 else int(index)
         if not 0 <= index < total:
             raise IndexError(f"index {index} out of range for {total} images")
-        return self._sample(*self._read_row(index))
+        return self._sample(*self._read_row(self._global(index)))
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """A DataLoader batch: the kernel is asked for every image of the batch first (POSIX_FADV_WILLNEED), so
         it reads them in parallel while the first ones decode; then `self[i]` for each, in order."""
-        total = len(self.index)
+        total = self.num_images
         wanted = [int(i) + total if int(i) < 0 else int(i) for i in indices]
-        self._willneed([i for i in wanted if 0 <= i < total])
+        self._willneed([self._global(i) for i in wanted if 0 <= i < total])
         return [self[i] for i in indices]
 
     @property
     def targets(self) -> np.ndarray:
-        """Every row's label (reads only the label column), like ImageFolder.targets."""
+        """Every image's label (the overlay's, else the label column), like ImageFolder.targets."""
+        if self.overlay is not None:
+            labels: np.ndarray = self.overlay.labels[self.overlay.keep]
+            return labels
         if self.remote is not None:
             return np.concatenate(
                 [self.remote.read_columns(f, ["label"]).column(0).to_numpy() for f in range(len(self.files))]
@@ -278,20 +317,25 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         world_size: int | None = None,
         uneven: str = "keep",
         read_ahead: int = 2,
+        overlay: Any = "auto",
     ):
-        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1)
+        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay)
         if read_ahead < 0:
             raise ValueError(f"read_ahead: expected >= 0 pieces, found {read_ahead}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size: expected >= 1 (the DataLoader's), found {batch_size}")
         if shuffle_buffer is not None:
             window = max(1, round(shuffle_buffer * len(self.index.rows) / max(1, len(self.index))))
+        self.overlay_digest = None if self.overlay is None else self.overlay.digest
         self.read_ahead, self.batch_size = read_ahead, batch_size
         self._init_order(shuffle, window, seed, rank, world_size, uneven)
         self._reader.cache_size = max(1, window)  # shards without the byte index: a window's row groups
 
     def _topology(self) -> tuple[int, int, int]:
         return self.world_size, _worker()[1], self.batch_size or 1
+
+    def _total(self) -> int:
+        return self.num_images
 
     def _other_topology(self, position: Position) -> Position:
         """Per-worker states (StatefulDataLoader with workers) are not global: refuse them on another topology."""
@@ -314,7 +358,8 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         worker, workers = _worker()
         start, local, count = self._begin()
         order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
-        positions = rank_positions(len(self.index), start.origin, self.rank, self.world_size, self.uneven)
+        order = kept_order(order, self.overlay)
+        positions = rank_positions(self._total(), start.origin, self.rank, self.world_size, self.uneven)
         mine = worker_positions(count, self.batch_size or 1, worker, workers, local)
         rows = order[positions[mine]].tolist()  # the global rows this worker yields, in order
         pieces = [(k, min(k + 64, len(rows))) for k in range(0, len(rows), 64)]  # 64 of them at a time

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-FORMAT_VERSION = 5  # 2: byte index; 3: `phash`; 4: rows in `order`; 5: no ARROW:schema, label map by field
+FORMAT_VERSION = 6  # 2: byte index; 3: `phash`; 4: rows in `order`; 5: no ARROW:schema, label map by field;
+# 6: `curation` (overlay: labels and membership come from the curation overlay beside the shards, overlay.py)
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
 FINGERPRINT_ALGORITHM = "dct64-v2"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do
@@ -197,12 +198,20 @@ def hf_features(names: list[str]) -> dict[str, Any]:
 
 
 def shard_schema(
-    label_map: dict[str, Any], params: dict[str, Any], split: str, fingerprinted: bool = True
+    label_map: dict[str, Any],
+    params: dict[str, Any],
+    split: str,
+    fingerprinted: bool = True,
+    curation: str | None = None,
 ) -> pa.Schema:
     """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps).
 
-    `fingerprinted` False: the FINGERPRINT_COLUMN is null in every row, and `fingerprint_algorithm` is null."""
+    `fingerprinted` False: the FINGERPRINT_COLUMN is null in every row, and `fingerprint_algorithm` is null.
+    `curation`: "overlay" (convert: readers take labels and membership from the overlay beside the shards and refuse
+    the shards without it), "applied" (compacted shards: the labels stored are the curated ones), or None (not
+    recorded: shards written by others)."""
     own = {
+        **({"curation": curation} if curation else {}),
         "label_map": stored_label_map(label_map),
         "convert_params": params,
         "split": split,

@@ -17,10 +17,11 @@ Each process fetches only the row groups it reads; one that several processes wa
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from .cache import Cache
 from .dvcremote import Remote, RemoteError, check_md5, find_remote, list_shards, lock_out
 from .fetch import Corrupt, Fetcher, Policy
 from .format import HASH_ALGORITHM, decode_image_index, read_indexed
+from .overlay import OVERLAY_DIR, OVERLAY_LIMIT, footer_digest
 from .pieces import Pieces
 from .shards import row_group_span
 
@@ -56,7 +58,23 @@ def open_dvc(
     fetcher = Fetcher(find_remote(repo, rev, remote), policy or Policy())
     entries = list_shards(fetcher, out, md5, path)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    return RemoteShards(fetcher.remote, entries, cache, int(cache_gb * 1e9), fetcher.policy)
+    overlay = _overlay_entry(fetcher, repo, out, path, rev)
+    return RemoteShards(fetcher.remote, entries, cache, int(cache_gb * 1e9), fetcher.policy, overlay)
+
+
+def _overlay_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str | None) -> tuple[str, str] | None:
+    """(path, md5) of the curation overlay of the split `path` names, as this version's dvc.lock and listing vouch
+    for it; None for a version without one (before the curate stage)."""
+    sub = PurePosixPath(path).relative_to(out).parts
+    if not sub:
+        return None
+    target = PurePosixPath(out).parent / OVERLAY_DIR / f"{sub[0]}.parquet"
+    try:
+        overlay_out, md5 = lock_out(repo, str(target), rev)
+    except RemoteError:
+        return None
+    found = dict(list_shards(fetcher, overlay_out, md5, str(target.parent)))
+    return (str(target), found[target.name]) if target.name in found else None
 
 
 class RemoteShards:
@@ -69,6 +87,7 @@ class RemoteShards:
         cache_dir: Path,
         cache_bytes: int,
         policy: Policy | None = None,
+        overlay: tuple[str, str] | None = None,
     ):
         if not entries:
             raise RemoteError(f"{remote.shown(remote.url)}: expected *.parquet shards in the listing, found none")
@@ -76,11 +95,15 @@ class RemoteShards:
             raise ValueError(f"cache_gb: expected > 0, found {cache_bytes / 1e9}")
         self.remote, self.entries = remote, [(n, check_md5(m, remote.shown(remote.url), n)) for n, m in entries]
         self.cache_dir, self.cache_bytes = Path(cache_dir), int(cache_bytes)
+        self.overlay = (
+            None if overlay is None else (overlay[0], check_md5(overlay[1], remote.shown(remote.url), overlay[0]))
+        )
         self.fetcher, self.cache = Fetcher(remote, policy or Policy()), Cache(self.cache_dir, self.cache_bytes)
         self._reset()
 
     def _reset(self) -> None:
         self._meta: dict[int, pq.FileMetaData] = {}
+        self._digests: dict[int, str] = {}  # per file: the SHA-256 of its footer (what the overlay vouches for)
         self._index: dict[int, np.ndarray | None] = {}  # per file: the footer's byte index, decoded once
         self._pid = os.getpid()
         self._readers: dict[int, Pieces] = {}  # per process: never pickled, dropped after a fork
@@ -114,7 +137,36 @@ class RemoteShards:
             finally:
                 os.close(fd)
             meta = self._meta[file] = pq.read_metadata(pa.BufferReader(data))
+            self._digests[file] = footer_digest(data[4:])
         return meta
+
+    def footer_digests(self) -> list[str]:
+        """The SHA-256 of every shard's footer as fetched (the overlay names the one each shard must have)."""
+        self.metadata()
+        return [self._digests[f] for f in range(len(self.entries))]
+
+    def overlay_file(self) -> Path | None:
+        """The version's curation overlay in the local cache (fetched whole, checked against the md5 its listing
+        gives it before it is kept), or None when the version has none."""
+        if self.overlay is None:
+            return None
+        name, md5 = self.overlay
+        os.close(self.cache.open_or_fill(md5, "overlay", lambda fd: self._fill_overlay(name, md5, fd)))
+        return self.cache_dir / md5 / "overlay"
+
+    def _fill_overlay(self, name: str, md5: str, fd: int) -> None:
+        url = self.remote.object_urls(md5)[0]
+        size = self.fetcher.size(url)
+        if size > OVERLAY_LIMIT:
+            raise RemoteError(f"{self.remote.shown(url)}: expected a curation overlay, found {size} bytes")
+
+        def attempt() -> bytes:
+            data = self.fetcher.read(url, 0, size)
+            if hashlib.md5(data).hexdigest() != md5:
+                raise Corrupt(f"expected the overlay {name} to have md5 {md5} (the listing), found other bytes")
+            return data
+
+        self.cache.write(fd, self.fetcher.retry(url, f"the overlay {name}", attempt), 0)
 
     def _fill_footer(self, file: int, fd: int) -> None:
         url = self._url(file)

@@ -35,6 +35,7 @@ class Resumable:
     """The epoch order's settings and state, shared by RowGroupSampler and ParquetIterableDataset."""
 
     index: ShardIndex
+    overlay_digest: str | None = None  # the curation overlay's content digest: a state records it, a resume checks it
 
     def _init_order(
         self, shuffle: bool, window: int, seed: int, rank: int | None, world_size: int | None, uneven: str
@@ -45,13 +46,14 @@ class Resumable:
         self.uneven = uneven
         self._resume: Position | None = None
         self._pass: tuple[Position, int, int] | None = None  # (this pass's start, rank positions consumed, count)
-        rank_count(len(self.index), 0, self.rank, self.world_size, uneven)  # validate early
+        rank_count(self._total(), 0, self.rank, self.world_size, uneven)  # validate early
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (over all its DataLoader workers)."""
-        return rank_count(len(self.index), 0, self.rank, self.world_size, self.uneven)
+        return rank_count(self._total(), 0, self.rank, self.world_size, self.uneven)
 
     def _total(self) -> int:
+        """The images of an epoch (the shards' rows, less those a curation overlay excludes)."""
         return len(self.index)
 
     def _topology(self) -> tuple[int, int, int]:
@@ -70,15 +72,27 @@ class Resumable:
         else:
             start = self._start()
             origin, seen = start.origin, start.seen
-        return Position(self.epoch, origin, seen, self._topology()).to_state(self.seed, self._total())
+        state = Position(self.epoch, origin, seen, self._topology()).to_state(self.seed, self._total())
+        return {**state, "curation": self.overlay_digest} if self.overlay_digest else state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at `state` (from state_dict(), or `{"epoch": e, "samples_seen": n}` from the training loop):
         the next pass over epoch `state["epoch"]` yields only what that run had not consumed."""
+        self._check_curation(state)
         position = Position.from_state(state, self.seed, self._total())
         if position.topology is not None and position.topology != self._topology():
             position = self._other_topology(position)
         self.epoch, self._resume, self._pass = position.epoch, position, None
+
+    def _check_curation(self, state: Mapping[str, Any]) -> None:
+        """A state saved under another curation overlay (other labels or exclusions) is refused."""
+        if "curation" in state and state["curation"] != self.overlay_digest:
+            found = str(state["curation"])[:16] if state["curation"] else "none"
+            raise ValueError(
+                f"state: expected curation={str(self.overlay_digest)[:16] if self.overlay_digest else 'none'}… (the "
+                f"overlay this dataset applies), found curation={found}…; the labels or exclusions changed since "
+                'the state was saved: start the epoch again, or load {"epoch": e, "samples_seen": 0}'
+            )
 
     def _other_topology(self, position: Position) -> Position:
         """A state saved on another topology: its `samples_seen` is global, so the rest of the epoch starts there."""

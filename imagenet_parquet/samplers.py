@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .overlay import kept_order
 from .partition import epoch_order, rank_positions
 from .resume import Resumable
 
@@ -46,16 +47,26 @@ class RowGroupSampler(Resumable, _SamplerBase):
         world_size: int | None = None,
         uneven: str = "keep",
     ):
-        self.index = dataset.index
+        self.index, self.overlay = dataset.index, dataset.overlay
+        self.overlay_digest = None if dataset.overlay is None else dataset.overlay.digest
+        # global row -> dataset index (the overlay's kept rows are the dataset's indices 0..n-1)
+        self._position = None if dataset.overlay is None else np.cumsum(dataset.overlay.keep) - 1
+        self._count = dataset.num_images
         self._init_order(shuffle, window, seed, rank, world_size, uneven)
 
     def _topology(self) -> tuple[int, int, int]:
         return self.world_size, 1, 1
 
+    def _total(self) -> int:
+        return self._count
+
     def __iter__(self) -> Iterator[int]:
         start, local, _ = self._begin()
         order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
-        positions = rank_positions(len(self.index), start.origin, self.rank, self.world_size, self.uneven)
+        order = kept_order(order, self.overlay)
+        if self._position is not None:
+            order = self._position[order]
+        positions = rank_positions(self._total(), start.origin, self.rank, self.world_size, self.uneven)
         return self._yield(order[positions[local:]].tolist(), local)
 
     def _yield(self, indices: list[int], local: int) -> Iterator[int]:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from .format import (
     HF_METADATA_KEY,
     METADATA_KEY,
+    FormatError,
     decode_image_index,
     label_map_from_metadata,
     own_label_map,
@@ -260,8 +261,16 @@ class IndexedReader:
     Per process like RowGroupReader: file descriptors open on first use, are never pickled, reopen after a fork.
     `rows(i)` is None for a shard without the index (callers fall back to row-group reads)."""
 
-    def __init__(self, files: Sequence[Path], label_column: str = "label", max_open: int = 64):
+    def __init__(
+        self,
+        files: Sequence[Path],
+        label_column: str = "label",
+        max_open: int = 64,
+        num_classes: int = 0,
+        labels: bool = True,
+    ):
         self.files, self.label_column, self.max_open = tuple(files), label_column, max_open
+        self.num_classes, self.labels = num_classes, labels  # labels False: the overlay holds them (not read)
         self._reset()
 
     def _reset(self) -> None:
@@ -302,7 +311,13 @@ class IndexedReader:
             index = decode_image_index(pf.metadata.metadata, pf.metadata.num_rows, path)
             if index is None:
                 return None
-            labels = pf.read(columns=[self.label_column], use_threads=False).column(0).to_numpy()
+            labels = (
+                checked_labels(
+                    pf.read(columns=[self.label_column], use_threads=False).column(0), self.num_classes, path
+                )
+                if self.labels
+                else np.zeros(0, dtype=np.int64)
+            )
         fd = os.open(path, os.O_RDONLY)
         if hasattr(os, "posix_fadvise"):  # no kernel readahead past each image: cold random reads ~15% faster
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -325,4 +340,33 @@ class IndexedReader:
         if entry is None:
             return None
         fd, index, labels = entry
-        return read_indexed(fd, index[row], self.files[i]), int(labels[row])
+        return read_indexed(fd, index[row], self.files[i]), int(labels[row]) if len(labels) else -1
+
+
+def checked_labels(column: pa.ChunkedArray | pa.Array, num_classes: int, where: Path) -> np.ndarray:
+    """A shard's label column as int64, every value a label 0..num_classes-1 (0: not checked against a count): a
+    damaged value is one FormatError naming the shard and the row, never a NaN reaching the training loop."""
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise FormatError(f"{where}: row {row}: expected a label, found none (null); {DAMAGED}")
+    labels = np.asarray(column.to_numpy(), dtype=np.int64)
+    bad = np.flatnonzero((labels < 0) | ((labels >= num_classes) if num_classes else False))
+    if len(bad):
+        raise FormatError(
+            f"{where}: row {int(bad[0])}: expected a label in 0..{num_classes - 1}, found {labels[bad[0]]}; {DAMAGED}"
+        )
+    return labels
+
+
+def checked_label(value: Any, num_classes: int, where: Path) -> int:
+    """One label read from a row group, checked as `checked_labels` checks a column."""
+    if (
+        not isinstance(value, (int, np.integer))
+        or isinstance(value, bool)
+        or not 0 <= value < (num_classes or value + 1)
+    ):
+        raise FormatError(f"{where}: expected a label in 0..{num_classes - 1}, found {value!r}; {DAMAGED}")
+    return int(value)
+
+
+DAMAGED = "the shard is damaged or was altered — `dvc pull` it again (or re-run the convert stage)"

@@ -19,3 +19,4 @@ EXTRACT_REPORT = "extract_report.json"  # under paths.manifests
 PRESCAN = "prescan"  # under paths.work: the archives' tar index made while hashing them (tasks.common.archive_pass)
 BAD_IMAGES = "bad_images.jsonl"  # convert -> validate: quarantined images, under paths.parquet
 REPORT_MD = "schema_report.md"  # validate -> deploy: the reviewer's report, under paths.reports
+CURATION_REPORT = "curation.json"  # curate -> validate: the curation lines applied, under paths.overlay

@@ -63,6 +63,19 @@ class PathsParams(Section):
     metrics: ProjectPath = Field(description="a directory: DVC metrics JSON per stage")
     reports: ProjectPath = Field(description="a directory: reports (validate)")
     versions: ProjectPath = Field(description="a directory tracked in git: the version index (validate)")
+    overlay: ProjectPath = Field(
+        description="a directory: the curation overlay per split (curate); beside parquet, named overlay"
+    )
+
+    @model_validator(mode="after")
+    def _overlay_beside_parquet(self) -> PathsParams:
+        wanted = (Path(self.parquet).parent / "overlay").as_posix()
+        if Path(self.overlay).as_posix() != wanted:
+            raise ValueError(
+                f"overlay: expected {wanted} (readers find a split's overlay at <parquet>/../overlay/<split>.parquet), "
+                f"found {self.overlay}"
+            )
+        return self
 
 
 def path_key(name: str) -> str:
@@ -325,8 +338,9 @@ class Params(BaseModel):
 STAGE_SECTIONS = {
     "download": ("download", "sample", "extract.mode", "extract.folder"),  # folder mode: no archive, the tree's stat
     "verify": ("verify",),
-    "extract": ("extract", "curate"),
+    "extract": ("extract",),
     "convert": ("convert",),
+    "curate": ("curate",),
     "validate": ("validate",),
 }
 SECTIONS: dict[str, type[Section]] = {

@@ -84,7 +84,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     started = time.perf_counter()
     label_map = read_label_map(job.label_map)
     rows = _rows(job, plan)
-    schema = shard_schema(label_map, job.output_params(), plan.split, fingerprinted=job.fingerprint)
+    schema = shard_schema(label_map, job.output_params(), plan.split, fingerprinted=job.fingerprint, curation="overlay")
     tally = _Tally(split=plan.split)
     with disk_errors(shard.parent, shard.name, path_key("parquet"), "finished shards are kept"):  # no partial file
         count, md5 = write_shard(

@@ -27,7 +27,6 @@ from tasks.common.params import HoldoutParams, Project
 from tasks.common.synsets import Catalog, shipped_catalog
 from tasks.common.tarindex import index_archive
 from tasks.extract import classes as labels
-from tasks.extract import curate
 from tasks.extract.devkit import label_val
 from tasks.extract.folder_scan import scan_folder_split, source_path
 from tasks.extract.holdout import HOLDOUT_WHERE, split_holdout
@@ -51,7 +50,6 @@ class ExtractJob:
     classes: str  # as given: all | imagenet100 | a file (recorded in extract_report.json)
     val_labels: str  # as given: devkit | a CSV
     root: Path  # the project: manifest `source` paths are relative to it, and so are the files above
-    curation: curate.Curation = field(default_factory=curate.Curation)  # curate: (read before any scan)
     prescan: Path | None = None  # the tar indexes made while the archives were hashed (tasks.common.archive_pass)
     md5s: dict[str, str] = field(default_factory=dict)  # split -> its archive's MD5 as verify accepted it
     catalog: str = "auto"  # as given: auto | derived | a wnid<TAB>words table
@@ -64,9 +62,8 @@ class ExtractJob:
 
 
 def job_from_params(project: Project) -> ExtractJob:
-    """The job; an unreadable class list, catalog or curation file fails now, before hours of scanning."""
+    """The job; an unreadable class list or catalog fails now, before hours of scanning."""
     params, raw, work = project.params.extract, project.path("raw"), project.path("work")
-    cur = project.params.curate
     archives = params.mode == "archives"  # ILSVRC2012's three (archive21k: tasks.acquire.archive21k's one)
     if params.materialize and not archives:
         log.warning("extract.materialize ignored in %s mode (written for ILSVRC2012's archives only)", params.mode)
@@ -84,12 +81,6 @@ def job_from_params(project: Project) -> ExtractJob:
         params.classes,
         params.val_labels,
         project.root,
-        curate.read_curation(
-            project.resolve(cur.exclude) if cur.exclude else None,
-            project.resolve(cur.relabel) if cur.relabel else None,
-            {"exclude": cur.exclude, "relabel": cur.relabel},
-            known,
-        ),
         work / PRESCAN,
         _verified_md5s(raw) if params.mode != "folder" else {},
         params.catalog,
@@ -143,7 +134,6 @@ def finalize_job(job: ExtractJob) -> dict[str, Any]:
         devkit_path=job.devkit,
         imagefolder=source_path(job.tree, job.root) if job.tree else None,
         root=job.root,
-        curation=job.curation,
         catalog=job.catalog,
         holdout=job.holdout,
     )
@@ -212,7 +202,6 @@ def finalize(
     devkit_path: str | os.PathLike[str] | None = None,
     imagefolder: str | None = None,
     root: str | os.PathLike[str] = ".",
-    curation: curate.Curation | None = None,
     catalog: str = "auto",
     holdout: HoldoutParams | None = None,
 ) -> dict[str, Any]:
@@ -224,15 +213,14 @@ def finalize(
     tables = {split: table for split, (table, _) in staging.items()}
     where = {split: scan["where"] for split, (_, scan) in staging.items()}
     reported = [item for split in SPLITS for item in staging[split][1]["reported"]]
-    del staging  # the tables are replaced as curation goes: no second copy of 13 M rows held
+    del staging  # the tables are replaced as they are labelled: no second copy of 13 M rows held
     _log_reported(reported)
     held = None
     if holdout is not None:
         tables["train"], tables["val"], held = split_holdout(tables["train"], holdout)
     tables, known, label_source = _label(tables, where, mode, val_labels, devkit_path, Path(root), catalog)
-    curation = curation or curate.Curation()
     subset = labels.read_class_list(classes, Path(root))
-    tables, curated, found = curate.curate_splits(tables, curation, subset, known, held is not None)
+    found = {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
     keep = _select(found, where, known, subset, held is not None)
     label_map = labels.label_map(keep, known, label_source)
     counts = write_manifests(
@@ -248,7 +236,6 @@ def finalize(
         "outside_subset": {s: n for s, (_, n) in counts.items()},
         "reported": reported,
         "imagefolder": imagefolder,
-        "curation": curate.curation_report(curation, curated),
         **({"holdout": held} if held else {}),
     }
     write_json(Path(manifests_dir) / EXTRACT_REPORT, report)

@@ -1,12 +1,12 @@
-"""Curation as data: the exclude list and the relabel table (params.yaml `curate:`), applied in the extract stage.
+"""Curation as data: the exclude list and the relabel table (params.yaml `curate:`), read and checked for the
+curate stage (tasks/curate/stage.py), which writes them as the overlay every reader applies.
 
 `curation/exclude.csv` (header `split,wnid,name,reason`) drops images; `curation/relabel.csv` (header
 `split,wnid,name,new_wnid,reason`) moves images to another class. `wnid` is the image's class as found in the
 source (the folder name — any class name in folder mode —, the train tar, the val ground truth), `name` the
 manifest `name`. `read_curation` checks the
-files' form before any scan; `apply_curation` checks every line against the scanned images (an unknown image
-fails naming the file and line) and applies them — before the class subset and the labels, so the manifests,
-and so the shards, hold the curated dataset. `extract_report.json` counts every applied line by reason and class."""
+files' form; `check_classes` the classes the lines leave; `curation_report` counts every applied line by reason
+and class (`<paths.overlay>/curation.json`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from tasks.common import SPLITS, PipelineError
-from tasks.common.manifests import one_chunk
 from tasks.common.synsets import WNID, Catalog, class_name_problem
 
 HEADERS = {"exclude": ["split", "wnid", "name", "reason"], "relabel": ["split", "wnid", "name", "new_wnid", "reason"]}
@@ -60,7 +55,7 @@ def read_curation(
     for line in lines["exclude"] + lines["relabel"]:
         image = (line.split, line.wnid, line.name)
         if image in seen:
-            _fail(line.where, "each image once over both curation files", f"{image} again (first at {seen[image]})")
+            fail(line.where, "each image once over both curation files", f"{image} again (first at {seen[image]})")
         seen[image] = line.where
     return Curation(
         shown or {"exclude": str(exclude) if exclude else None, "relabel": str(relabel) if relabel else None},
@@ -86,27 +81,27 @@ def _read(kind: str, path: Path | None, catalog: Catalog | None) -> list[Line]:
             f"{err}; fix the file or set curate.{kind}: null"
         ) from None
     if not rows or rows[0] != HEADERS[kind]:
-        _fail(f"{path}:1", f"the header {','.join(HEADERS[kind])}", repr(",".join(rows[0]) if rows else ""))
+        fail(f"{path}:1", f"the header {','.join(HEADERS[kind])}", repr(",".join(rows[0]) if rows else ""))
     return [_line(kind, f"{path}:{n}", row, catalog) for n, row in enumerate(rows[1:], start=2) if any(row)]
 
 
 def _line(kind: str, where: str, row: list[str], catalog: Catalog | None) -> Line:
     fields = HEADERS[kind]
     if len(row) != len(fields):
-        _fail(where, f"{len(fields)} fields ({','.join(fields)})", f"{len(row)}: {','.join(row)!r}")
+        fail(where, f"{len(fields)} fields ({','.join(fields)})", f"{len(row)}: {','.join(row)!r}")
     values = dict(zip(fields, (v.strip() for v in row), strict=True))
     if values["split"] not in SPLITS:
-        _fail(where, f"split one of {', '.join(SPLITS)}", repr(values["split"]))
+        fail(where, f"split one of {', '.join(SPLITS)}", repr(values["split"]))
     for key in ("wnid", "new_wnid"):
         name = values.get(key)
         problem = None if name is None else class_name_problem(name)
         if problem:
-            _fail(where, f"{key} a class name", problem)
+            fail(where, f"{key} a class name", problem)
     _check_classes(where, values.get("wnid"), values.get("new_wnid"), catalog)
     if not values["name"] or not values["reason"]:
-        _fail(where, "a name and a reason", f"{','.join(row)!r}")
+        fail(where, "a name and a reason", f"{','.join(row)!r}")
     if values.get("new_wnid") == values["wnid"]:
-        _fail(where, "new_wnid other than wnid", repr(values["wnid"]))
+        fail(where, "new_wnid other than wnid", repr(values["wnid"]))
     return Line(where, values["split"], values["wnid"], values["name"], values["reason"], values.get("new_wnid"))
 
 
@@ -118,78 +113,11 @@ def _check_classes(where: str, wnid: str | None, new_wnid: str | None, catalog: 
             and name is not None
             and (not WNID.match(name) or (catalog.complete and name not in catalog.synsets))
         ):
-            _fail(where, f"{key} {catalog.a_wnid}", repr(name))
+            fail(where, f"{key} {catalog.a_wnid}", repr(name))
 
 
-def _fail(where: str, expected: str, found: str) -> None:
+def fail(where: str, expected: str, found: str) -> None:
     raise PipelineError(f"{where}: expected {expected}, found {found}; fix the curation file (docs/CONTRACTS.md)")
-
-
-def apply_curation(
-    split: str, table: pa.Table, curation: Curation, catalog: Catalog | None = None
-) -> tuple[pa.Table, dict[str, Any]]:
-    """`table` (a split's scanned and labelled rows) with the split's lines applied, and their counts; `catalog`:
-    the source is WordNet-named (known only now in folder mode), so every class of a line must be its wnid."""
-    exclude = [line for line in curation.exclude if line.split == split]
-    relabel = [line for line in curation.relabel if line.split == split]
-    for line in exclude + relabel:
-        _check_classes(line.where, line.wnid, line.new_wnid, catalog)
-    position = _positions(table, exclude + relabel)
-    for line in exclude + relabel:
-        if (line.wnid, line.name) not in position:
-            _fail(line.where, f"an image {line.name} of class {line.wnid} in {split}", "no such image in the source")
-    moved = {position[line.wnid, line.name]: line.new_wnid for line in relabel}  # a later line wins
-    if moved:
-        rows = sorted(moved)
-        column = one_chunk(table.column("wnid"))
-        coded = pa.types.is_dictionary(column.type)  # read so (13 M rows): decoded for the replacement alone
-        wnids = pc.replace_with_mask(
-            column.dictionary_decode() if coded else column,
-            pa.array(_mask(table.num_rows, rows)),
-            pa.array([moved[row] for row in rows], pa.string()),
-        )
-        wnids = wnids.dictionary_encode() if coded else wnids
-        table = table.set_column(table.schema.get_field_index("wnid"), "wnid", wnids)
-    counts = {"exclude": _counts(exclude, False), "relabel": _counts(relabel, True)}
-    if not exclude:
-        return table, counts  # no filtered copy
-    return table.filter(pa.array(~_mask(table.num_rows, [position[line.wnid, line.name] for line in exclude]))), counts
-
-
-def _positions(table: pa.Table, lines: list[Any]) -> dict[tuple[str, str], int]:
-    """(wnid, name) -> row, for the rows whose name a line names only (no Python object per row: 13 M rows)."""
-    names = pa.array(sorted({line.name for line in lines}), pa.string())
-    found = pc.is_in(table.column("name"), value_set=names).to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(found)
-    wnids = table.column("wnid").take(rows).to_pylist()
-    return {(w, n): int(i) for i, w, n in zip(rows, wnids, table.column("name").take(rows).to_pylist(), strict=True)}
-
-
-def _mask(size: int, rows: list[int]) -> np.ndarray:
-    mask = np.zeros(size, dtype=bool)
-    mask[rows] = True
-    return mask
-
-
-def curate_splits(
-    tables: dict[str, pa.Table],
-    curation: Curation,
-    subset: list[str] | None,
-    catalog: Catalog | None,
-    held: bool = False,
-) -> tuple[dict[str, pa.Table], dict[str, dict[str, Any]], dict[str, set[str]]]:
-    """Every split's lines applied (each class a wnid of `catalog` for a WordNet-named source; None: a tree of other
-    names) and the classes they leave checked (check_classes; `held`: val is held out of train): the curated
-    tables, the counts per split (for curation_report) and the classes each split holds now."""
-    applied = {split: apply_curation(split, tables[split], curation, catalog) for split in SPLITS}
-    curated = {split: table for split, (table, _) in applied.items()}
-    found = {"before": _wnids(tables), "after": _wnids(curated)}
-    check_classes(curation, found, subset, held)
-    return curated, {split: counts for split, (_, counts) in applied.items()}, found["after"]
-
-
-def _wnids(tables: dict[str, pa.Table]) -> dict[str, set[str]]:
-    return {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
 
 
 def check_classes(
@@ -202,7 +130,7 @@ def check_classes(
     for line in curation.relabel:
         if subset is not None and line.new_wnid not in subset:
             kept = "a class extract.classes keeps (the image would be dropped, not relabelled)"
-            _fail(line.where, f"new_wnid {kept}", f"{line.new_wnid!r}, not in the subset")
+            fail(line.where, f"new_wnid {kept}", f"{line.new_wnid!r}, not in the subset")
     if held:
         return
     before, after = found["before"], found["after"]
@@ -217,7 +145,7 @@ def _check_split_class(curation: Curation, split: str, other: str, wnid: str, be
     there, or when only relabel lines bring it into `other`."""
     emptied = [x for x in curation.exclude + curation.relabel if (x.split, x.wnid) == (split, wnid)]
     if wnid in before[split] and emptied:
-        _fail(
+        fail(
             emptied[0].where,
             f"class {wnid} left with images in {split} (the dataset keeps it: {other} has it, or "
             "extract.classes lists it)",
@@ -226,14 +154,14 @@ def _check_split_class(curation: Curation, split: str, other: str, wnid: str, be
         )
     brought = [x for x in curation.relabel if (x.split, x.new_wnid) == (other, wnid)]
     if wnid not in before[other] and brought:
-        _fail(
+        fail(
             brought[0].where,
             f"new_wnid a class that {split} has too",
             f"{wnid!r}, which only relabel lines bring into {other}",
         )
 
 
-def _counts(lines: list[Line], moves: bool) -> dict[str, Any]:
+def line_counts(lines: list[Line], moves: bool) -> dict[str, Any]:
     by_class = Counter(f"{line.wnid}->{line.new_wnid}" if moves else line.wnid for line in lines)
     return {"lines": len(lines), "by_reason": dict(Counter(line.reason for line in lines)), "by_class": dict(by_class)}
 

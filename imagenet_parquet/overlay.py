@@ -1,0 +1,241 @@
+"""The curation overlay (merge-on-read): the labels and the keep flag of every row of a split's shards, kept
+beside the shards so that curation never rewrites them (docs/CONTRACTS.md, "Curation overlay").
+
+`<parquet root>/../overlay/<split>.parquet` (the curate stage writes it; `overlay_path`): one row per shard row,
+shards in name order and rows in file order — columns `shard` (the shard's file name), `row` (its row in that
+file), `label` (the label now) and `keep` (false: excluded). Its footer key `imagenet_parquet.overlay` (JSON)
+names every shard it was made for with its row count and the SHA-256 of its Parquet footer (so a shard changed,
+swapped or with an altered footer is refused), and the SHA-256 of its own content (labels, keep flags, shard
+list): a damaged overlay is refused too. Readers take every label from it and skip the rows it excludes.
+
+Shards of format >= 6 say they are curated by an overlay (`curation: overlay` in their metadata): read without
+one they would give the labels as converted, so a reader that finds none refuses them (overlay=False reads them
+as converted, on purpose)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .format import FormatError, own_metadata
+
+OVERLAY_KEY = b"imagenet_parquet.overlay"
+OVERLAY_FORMAT = 1
+OVERLAY_DIR = "overlay"  # beside the Parquet root: data/parquet -> data/overlay
+OVERLAY_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int32()), ("label", pa.int64()), ("keep", pa.bool_())])
+OVERLAY_LIMIT = 1 << 30  # an overlay larger than this is not one (ImageNet-1k: ~2 MB; 13 M rows: ~25 MB)
+CURATED_BY_OVERLAY = "overlay"  # a shard's `curation` metadata: labels and membership come from the overlay
+CURATION_APPLIED = "applied"  # a compacted shard's: the labels stored are the curated ones (no overlay applies)
+HELP = "run `dvc repro` (or `dvc pull` the shards and data/overlay of one version together)"
+
+
+class OverlayError(FormatError):
+    """An overlay that does not belong to the shards, or is damaged; the message says what to do."""
+
+
+def overlay_path(files: Sequence[str | os.PathLike[str]], split: str | None = None) -> Path:
+    """Where the overlay of shards `files` (in `<root>/<split>/`) lives: `<root>/../overlay/<split>.parquet`."""
+    directory = Path(files[0]).parent
+    return directory.parent.parent / OVERLAY_DIR / f"{split or directory.name}.parquet"
+
+
+def footer_digest(tail: bytes) -> str:
+    """SHA-256 of a Parquet file's tail: its footer, the footer's length and `PAR1` (what remote reads fetch)."""
+    return hashlib.sha256(tail).hexdigest()
+
+
+def footer_tail(path: str | os.PathLike[str], limit: int = 64 << 20) -> bytes:
+    """The footer, its 4-byte length and `PAR1` of the Parquet file at `path` (two reads)."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - 8))
+        end = fh.read(8)
+        length = int.from_bytes(end[:4], "little")
+        if end[4:] != b"PAR1" or length + 12 > size or length > limit:
+            raise FormatError(f"{path}: expected a Parquet file (ends with PAR1 after its footer), found other bytes")
+        fh.seek(size - length - 8)
+        return fh.read(length + 8)
+
+
+def curated_by_overlay(meta: dict[bytes, bytes] | None) -> bool:
+    """True for shards whose labels and membership an overlay holds (format >= 6, written by convert)."""
+    return (own_metadata(meta) or {}).get("curation") == CURATED_BY_OVERLAY
+
+
+def content_digest(shards: Sequence[Sequence[Any]], labels: np.ndarray, keep: np.ndarray) -> str:
+    """SHA-256 of what the overlay says: the shard list, every label (int64 LE) and every keep flag (one byte)."""
+    digest = hashlib.sha256(json.dumps([list(s) for s in shards], separators=(",", ":")).encode())
+    digest.update(np.ascontiguousarray(labels, dtype="<i8").tobytes())
+    digest.update(np.ascontiguousarray(keep, dtype=np.uint8).tobytes())
+    return digest.hexdigest()
+
+
+def overlay_table(
+    split: str, shards: Sequence[tuple[str, int, str]], labels: np.ndarray, keep: np.ndarray, extra: dict[str, Any]
+) -> pa.Table:
+    """The overlay of `split`: shards [(name, rows, footer sha256)] in order, a label and a keep flag per row."""
+    rows = np.asarray([n for _, n, _ in shards], dtype=np.int64)
+    names = pa.array([name for name, _, _ in shards], pa.string())
+    indices = pa.array(np.repeat(np.arange(len(shards), dtype=np.int32), rows))
+    within = np.arange(int(rows.sum()), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+    meta = {
+        "format": OVERLAY_FORMAT,
+        "split": split,
+        "shards": [list(s) for s in shards],
+        "content_sha256": content_digest(shards, labels, keep),
+        **extra,
+    }
+    columns = [
+        pa.DictionaryArray.from_arrays(indices, names).dictionary_decode(),
+        pa.array(within.astype(np.int32)),
+        pa.array(np.asarray(labels, dtype=np.int64)),
+        pa.array(np.asarray(keep, dtype=bool)),
+    ]
+    schema = OVERLAY_SCHEMA.with_metadata({OVERLAY_KEY: json.dumps(meta, sort_keys=True)})
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def write_overlay(table: pa.Table, path: str | os.PathLike[str]) -> None:
+    """Deterministic bytes (no timestamps): dictionary-encoded, zstd, one row group per 2^20 rows."""
+    pq.write_table(table, path, compression="zstd", row_group_size=1 << 20, use_dictionary=["shard", "label"])
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """An overlay checked against the shards it is applied to: per global row of those shards (in their order)
+    the label and the keep flag; `digest` identifies its content (resume states carry it)."""
+
+    path: Path
+    split: str
+    labels: np.ndarray
+    keep: np.ndarray
+    digest: str
+    edits: dict[str, int]
+
+    @property
+    def kept(self) -> np.ndarray:
+        """The global rows kept, in order (dataset index i -> global row kept[i])."""
+        return np.flatnonzero(self.keep)
+
+
+def kept_order(order: np.ndarray, overlay: Overlay | None) -> np.ndarray:
+    """An epoch order of global rows with the excluded ones left out: still a function of (seed, epoch)."""
+    return order if overlay is None else order[overlay.keep[order]]
+
+
+def _fail(path: Path, expected: str, found: str, todo: str = HELP) -> OverlayError:
+    return OverlayError(f"{path}: expected {expected}, found {found}; {todo}")
+
+
+def read_overlay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pa.Table]:
+    """The overlay's metadata and table, its form and content digest checked (not yet against the shards)."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > OVERLAY_LIMIT:
+            raise _fail(path, f"a curation overlay (<= {OVERLAY_LIMIT} bytes)", f"{path.stat().st_size} bytes")
+        pf = pq.ParquetFile(path, read_dictionary=["shard"])
+        meta = json.loads((pf.metadata.metadata or {})[OVERLAY_KEY])
+        table = pf.read(use_threads=False)
+    except (OSError, KeyError, ValueError, pa.ArrowException) as err:
+        if isinstance(err, OverlayError):
+            raise
+        raise _fail(path, "a curation overlay written by the curate stage", f"an unreadable file ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != OVERLAY_FORMAT or table.schema.names != OVERLAY_SCHEMA.names:
+        raise _fail(path, f"overlay format {OVERLAY_FORMAT} (columns {OVERLAY_SCHEMA.names})", "another form")
+    labels = table.column("label").to_numpy()
+    keep = table.column("keep").to_numpy(zero_copy_only=False)
+    if table.column("label").null_count or table.column("keep").null_count:
+        raise _fail(path, "a label and a keep flag in every row", "nulls")
+    if content_digest(meta.get("shards", []), labels, keep) != meta.get("content_sha256"):
+        raise _fail(path, "content matching its content_sha256", "other labels, flags or shards (altered)")
+    _check_keys(path, meta["shards"], table)
+    return meta, table
+
+
+def _check_keys(path: Path, shards: list[list[Any]], table: pa.Table) -> None:
+    """The `shard` and `row` columns (what joins by other tools use) agree with the shard list, row by row."""
+    rows = np.asarray([int(s[1]) for s in shards], dtype=np.int64)
+    shard = table.column("shard").unify_dictionaries().combine_chunks()
+    names = [str(s[0]) for s, n in zip(shards, rows, strict=True) if n]  # a 0-row shard has no value
+    within = np.arange(int(rows.sum()), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+    same = (
+        len(shard) == len(within)
+        and shard.dictionary.to_pylist() == names
+        and np.array_equal(shard.indices.to_numpy(), np.repeat(np.arange(len(names)), rows[rows > 0]))
+        and np.array_equal(table.column("row").to_numpy(), within)
+    )
+    if not same:
+        raise _fail(path, "`shard` and `row` columns listing each shard's rows in order", "other keys (altered)")
+
+
+def load_overlay(
+    path: str | os.PathLike[str], names: Sequence[str], rows: Sequence[int], footers: Sequence[str], num_classes: int
+) -> Overlay:
+    """The overlay at `path` for the shards `names` (file names, in reader order) with `rows` rows and footer
+    digests `footers` each: every shard must be one the overlay was made for, unchanged."""
+    path = Path(path)
+    meta, table = read_overlay(path)
+    listed = {str(s[0]): (i, int(s[1]), str(s[2])) for i, s in enumerate(meta["shards"])}
+    starts = np.concatenate([[0], np.cumsum([int(s[1]) for s in meta["shards"]])]).astype(np.int64)
+    pieces = []
+    for name, count, footer in zip(names, rows, footers, strict=True):
+        i, want_rows, want_footer = listed.get(name, (-1, -1, ""))
+        if i < 0:
+            raise _fail(path, f"an entry for shard {name}", f"shards {sorted(listed)[:3]}... (another version)")
+        if (want_rows, want_footer) != (count, footer):
+            raise _fail(
+                path,
+                f"shard {name} with {want_rows} rows and footer sha256 {want_footer[:16]}…",
+                f"{count} rows and footer sha256 {footer[:16]}… (the shard changed, or its footer was altered)",
+            )
+        pieces.append(np.arange(starts[i], starts[i + 1]))
+    take = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    labels = table.column("label").to_numpy()[take]
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise _fail(path, f"labels in 0..{num_classes - 1}", f"{labels.min()}..{labels.max()}")
+    keep = table.column("keep").to_numpy(zero_copy_only=False)[take]
+    edits = {k: int(meta.get(k, 0)) for k in ("relabelled", "excluded")}
+    return Overlay(path, str(meta.get("split")), labels, keep, str(meta["content_sha256"]), edits)
+
+
+def resolve_overlay(
+    overlay: Any,
+    files: Sequence[Path],
+    split: str | None,
+    rows: Sequence[int],
+    num_classes: int,
+    first_footer: dict[bytes, bytes] | None,
+    found: Path | None = None,
+    footers: Sequence[str] | None = None,
+) -> Overlay | None:
+    """The overlay a reader applies: `overlay` "auto" (the default: `overlay_path`; remote shards, whose `footers`
+    digests are given: `found`, fetched and checked, None for a version without one), a path, or False/None
+    (labels as converted). Shards that say they are curated by an overlay
+    (`first_footer`, format >= 6) are refused without one, unless `overlay` is False."""
+    if overlay is False or overlay is None:
+        return None
+    auto = isinstance(overlay, str) and overlay == "auto"
+    if auto and (own_metadata(first_footer) or {}).get("curation") == CURATION_APPLIED:
+        return None  # compacted shards (tasks/curate/compact.py): the curation is in them; data/overlay is not theirs
+    path = (overlay_path(files, split) if footers is None else found) if auto else Path(overlay)
+    if path is None or not path.is_file():
+        if not auto:
+            raise OverlayError(f"overlay: expected a curation overlay file, found no file {path}; {HELP}")
+        if curated_by_overlay(first_footer):
+            raise OverlayError(
+                f"{Path(files[0]).parent}: expected its curation overlay at {path} (these shards take their labels "
+                f"and exclusions from it), found none; {HELP}, or pass overlay=PATH — or overlay=False to read the "
+                "labels as converted, without the curation"
+            )
+        return None
+    digests = list(footers) if footers is not None else [footer_digest(footer_tail(f)) for f in files]
+    return load_overlay(path, [Path(f).name for f in files], rows, digests, num_classes)

@@ -1,0 +1,1 @@
+"""Curate stage: curation lines -> the overlay beside the shards (merge-on-read)."""

@@ -12,21 +12,19 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from .decode import Size, decode_image
-from .format import class_ids, read_label_map
-from .overlay import Overlay, kept_order, resolve_overlay
+from .base import ShardedImages, _worker
+from .decode import Size
+from .overlay import kept_order
 from .partition import Position, epoch_order, rank_positions, worker_positions
 from .readahead import read_ahead
 from .resume import Resumable
-from .shards import IndexedReader, RowGroupReader, ShardIndex, Source, checked_label, find_shards
+from .shards import Source
 
 if TYPE_CHECKING:
     from .remote import RemoteShards
@@ -45,183 +43,8 @@ else:
     except ImportError:  # pragma: no cover - exercised by the no-torch import test in a subprocess
         _MapBase = _IterBase = _SamplerBase = object
 
-READ_COLUMNS = ("image.bytes", "label")
 
-
-def _worker() -> tuple[int, int]:
-    """(worker id, number of workers) of the current DataLoader worker; (0, 1) in the main process."""
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
-        return 0, 1
-    info = get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
-
-
-class _ShardedImages:
-    """What both datasets share: shard index, label map, decoding and transforms."""
-
-    def __init__(
-        self,
-        source: Source | RemoteShards,
-        split: str | None,
-        transform: Callable[[Any], Any] | None,
-        target_transform: Callable[[int], Any] | None,
-        draft_size: Size | None,
-        decode: bool,
-        label_map: Any,
-        cache_row_groups: int,
-        overlay: Any = "auto",
-    ):
-        explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
-        from .remote import RemoteShards
-
-        self.remote: RemoteShards | None = None
-        if isinstance(source, RemoteShards):
-            self.remote, self.files = source, source.names
-            self.index = ShardIndex.build(self.files, explicit, metadata=source.metadata())
-        else:
-            self.files = find_shards(source, split)
-            self.index = ShardIndex.build(self.files, explicit)
-        self.transform = transform
-        self.target_transform = target_transform
-        self.draft_size = draft_size
-        self.decode = decode
-        self.overlay = self._overlay(overlay, split)
-        self._kept = None if self.overlay is None else self.overlay.kept
-        self._reader = RowGroupReader(self.index, READ_COLUMNS, cache_size=cache_row_groups, remote=self.remote)
-        self._indexed = IndexedReader(self.files, num_classes=len(self.label_names), labels=self.overlay is None)
-        self._labels: dict[int, np.ndarray] = {}
-
-    def _overlay(self, overlay: Any, split: str | None) -> Overlay | None:
-        """The curation overlay (overlay.py): found beside the shards (or fetched with a remote version) by default."""
-        rows = np.bincount(self.index.file_of, weights=self.index.rows, minlength=len(self.files)).astype(np.int64)
-        if self.remote is not None:
-            first = self.remote.footer(0).metadata
-            found, footers = self.remote.overlay_file(), self.remote.footer_digests()
-            return resolve_overlay(
-                overlay, self.files, split, rows.tolist(), len(self.label_names), first, found, footers
-            )
-        first = pq.read_metadata(self.files[0]).metadata
-        return resolve_overlay(overlay, self.files, split, rows.tolist(), len(self.label_names), first)
-
-    @property
-    def num_images(self) -> int:
-        """The images this dataset yields: the shards' rows, less those the curation overlay excludes."""
-        return len(self.index) if self._kept is None else len(self._kept)
-
-    def _global(self, index: int) -> int:
-        """Dataset index -> the global row of the shards (the same without an overlay)."""
-        return index if self._kept is None else int(self._kept[index])
-
-    @classmethod
-    def from_dvc(
-        cls,
-        repo: str | os.PathLike[str],
-        path: str,
-        rev: str | None = None,
-        remote: str | None = None,
-        *,
-        split: str | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_gb: float = 20.0,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 15.0,
-        object_timeout: float = 45.0,
-        retries: int = 3,
-        retry_backoff: float = 0.5,
-        **kwargs: Any,
-    ) -> Self:
-        """The shards of DVC-tracked `path` ("data/parquet/train", or "data/parquet" with `split`) in checkout
-        `repo` (at git `rev`), read straight from the DVC remote — no `dvc pull`, no DVC install
-        (`pip install 'imagenet-parquet[remote]'`).
-
-        `remote`: a remote name from .dvc/config (default: core.remote) or a URL (s3://, http(s)://, a directory).
-        S3 credentials come from the environment as for any boto client; HTTP ones from the remote's DVC options
-        (`auth`, `user`, `password`, `custom_auth_header`; secrets in .dvc/config.local) or
-        IMAGENET_PARQUET_HTTP_USER / IMAGENET_PARQUET_HTTP_PASSWORD. Row groups are fetched by range requests
-        when first read, by the process that reads them, checked against their sha256 column, into a local cache
-        of at most `cache_gb` (`cache_dir`, default ~/.cache/imagenet-parquet). Every request: `connect_timeout`,
-        `read_timeout` (seconds without a byte), `retries` with exponential backoff from `retry_backoff` seconds,
-        all within `object_timeout` seconds per object (the defaults make a stalled server an error within a
-        minute). `kwargs` go to the dataset (transform, seed, ...)."""
-        from .fetch import Policy
-        from .remote import open_dvc
-
-        policy = Policy(connect_timeout, read_timeout, object_timeout, retries, retry_backoff)
-        target = f"{path.rstrip('/')}/{split}" if split else path
-        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb, policy), **kwargs)
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({len(self.files)} shards from {self.files[0].parent}, "
-            f"{self.num_images} images, {len(self.index.rows)} row groups, {len(self.label_names)} classes"
-            f"{', curation overlay applied' if self.overlay is not None else ''})"
-        )
-
-    @property
-    def label_map(self) -> dict[str, Any]:
-        """The label map (docs/CONTRACTS.md: num_classes, label_source, classes[label, wnid, name, ...])."""
-        return self.index.label_map
-
-    @property
-    def label_names(self) -> list[str]:
-        """Human-readable class names by label (`label_name` column, HF ClassLabel names)."""
-        return [c["name"] for c in sorted(self.label_map["classes"], key=lambda c: c["label"])]
-
-    @property
-    def classes(self) -> list[str]:
-        """The class folder names by label, as torchvision's ImageFolder gives `classes`: the WordNet ids of an
-        ImageNet-style dataset, the folder names of any other (docs/CONTRACTS.md)."""
-        return class_ids(self.label_map)
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return {name: i for i, name in enumerate(self.classes)}
-
-    def _read_row(self, index: int) -> tuple[bytes, int]:
-        """(image bytes, label) of global row `index`: one pread through the footer's byte index (local shards),
-        the row group fetched into the local cache (remote), or the cached row group (shards without the index)."""
-        unit, row = self.index.locate(index)
-        hit: tuple[bytes, int] | None
-        if self.remote is not None:
-            file, file_row = self.index.locate_file(unit, index)
-            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row)
-            label = -1 if image is None or self.overlay is not None else self._remote_labels(unit)[row]
-            hit = None if image is None else (image, label)
-        else:
-            hit = self._indexed.read(*self.index.locate_file(unit, index))
-        if hit is None:
-            table = self._reader.read(unit)
-            hit = table.column("image")[row]["bytes"].as_py(), table.column("label")[row].as_py()
-        if self.overlay is not None:
-            return hit[0], int(self.overlay.labels[index])
-        return hit[0], checked_label(hit[1], len(self.label_names), self.files[self.index.locate_file(unit, index)[0]])
-
-    def _remote_labels(self, unit: int) -> np.ndarray:
-        """Labels of row group `unit` of remote shards (fetched with the row group, kept: 8 bytes a row)."""
-        labels = self._labels.get(unit)
-        if labels is None:
-            assert self.remote is not None
-            file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
-            labels = self._labels[unit] = self.remote.read_row_group(file, group, ["label"]).column(0).to_numpy()
-        return labels
-
-    def _willneed(self, indices: list[int]) -> None:
-        """Ask the kernel for these rows' images (POSIX_FADV_WILLNEED; local shards with the byte index)."""
-        if self.remote is None:
-            self._indexed.willneed([self.index.locate_file(self.index.locate(i)[0], i) for i in indices])
-
-    def _sample(self, data: bytes, label: int) -> tuple[Any, Any]:
-        image: Any = decode_image(data, draft_size=self.draft_size) if self.decode else data
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return image, label
-
-
-class ParquetImageDataset(_ShardedImages, _MapBase):
+class ParquetImageDataset(ShardedImages, _MapBase):
     """Map-style dataset: `ds[i] -> (transform(PIL RGB image), label)` in shard order.
 
     `source`: shard file, shard directory, Parquet root with `split`, or a list of files. `draft_size`: decode
@@ -230,7 +53,9 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
     `overlay`: the curation overlay (labels and exclusions, docs/CONTRACTS.md): "auto" (default) finds it beside
     the shards (`<root>/../overlay/<split>.parquet`; a remote version's is fetched and checked) and refuses shards
     that need one when there is none; a path; or False to read the labels as converted. `len(ds)`, `ds[i]`,
-    `targets` and `classes` are then those of the curated dataset: excluded images are skipped."""
+    `targets` and `classes` are then those of the curated dataset: excluded images are skipped. `verify=True`
+    checks every image read from local shards against its row's sha256 (remote reads always are); footers are
+    checked against the overlay, labels against the label map, whatever `verify` is (docs/trainer.md)."""
 
     def __init__(
         self,
@@ -244,9 +69,10 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         label_map: Any = None,
         cache_row_groups: int = 4,
         overlay: Any = "auto",
+        verify: bool = False,
     ):
         super().__init__(
-            source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups, overlay
+            source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups, overlay, verify
         )
 
     def __len__(self) -> int:
@@ -280,7 +106,7 @@ class ParquetImageDataset(_ShardedImages, _MapBase):
         return np.concatenate([pq.read_table(f, columns=["label"]).column(0).to_numpy() for f in self.files])
 
 
-class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
+class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
     """Streaming dataset: the epoch's global order (a function of seed and epoch: row groups shuffled, rows
     shuffled inside windows of `window` row groups), interleaved over distributed ranks (`rank`/`world_size`,
     default torch.distributed's when initialised) and handed to DataLoader workers in chunks of `batch_size`.
@@ -318,8 +144,9 @@ class ParquetIterableDataset(_ShardedImages, Resumable, _IterBase):
         uneven: str = "keep",
         read_ahead: int = 2,
         overlay: Any = "auto",
+        verify: bool = False,
     ):
-        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay)
+        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay, verify)
         if read_ahead < 0:
             raise ValueError(f"read_ahead: expected >= 0 pieces, found {read_ahead}")
         if batch_size is not None and batch_size < 1:

@@ -12,7 +12,7 @@ import pytest
 
 from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index, footer_metadata
-from imagenet_parquet.shards import IndexedReader
+from imagenet_parquet.indexed import IndexedReader
 from tasks.common import PipelineError
 from tasks.convert.distribute import run_local
 from tasks.convert import writer as shard_module

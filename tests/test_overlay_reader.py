@@ -163,7 +163,7 @@ def test_a_damaged_label_is_one_error_naming_the_shard_and_row(tmp_path):
             [ParquetImageDataset(files[0])[i] for i in range(12)]
 
 
-def _remote_project(root: Path) -> dict[str, Path]:
+def curated_project(root: Path) -> dict[str, Path]:
     """A DVC project whose data/parquet (convert) and data/overlay (curate) are outs, pushed; a clone never pulls."""
     repo, remote = root / "repo", root / "remote"
     repo.mkdir()
@@ -197,7 +197,7 @@ def _object(remote: Path, repo: Path, relpath: str) -> Path:
 
 
 def test_remote_reads_apply_the_checked_overlay_and_refuse_a_tampered_one(tmp_path):
-    project = _remote_project(tmp_path)
+    project = curated_project(tmp_path)
     want = {int(k): v for k, v in json.loads((tmp_path / "want.json").read_text()).items()}
     with serving(project["remote"]) as (url, _):
         def open_(cache: str, **kw):

@@ -256,7 +256,7 @@ def test_import_without_torch_prefect_or_dvc(shards):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok", "_ShardedImages"]
+    assert out.stdout.split() == ["ok", "ShardedImages"]
 
 
 def test_explicit_label_map_must_match_the_shards(shards):

@@ -227,3 +227,26 @@ def test_remote_reads_apply_the_checked_overlay_and_refuse_a_tampered_one(tmp_pa
         overlay.write_bytes(data)
         shutil.rmtree(tmp_path / "c1")
         assert _pairs(open_("c1")) == sorted(want.items())
+
+
+def test_other_tools_read_the_curated_view(curated):
+    import datasets
+    import duckdb
+    import polars as pl
+
+    from imagenet_parquet.tables import CURATED_SQL, read_curated
+
+    root, want = curated
+    expected = [want[k] for k in sorted(want)]
+    table = read_curated(root, "train", columns=["image", "label", "wnid", "label_name"])
+    assert table.column("label").to_pylist() == expected
+    lmap = numbered_label_map(CLASSES)["classes"]
+    assert table.column("label_name").to_pylist() == [lmap[y]["name"] for y in expected]
+    assert read_curated(root, "train", columns=["label"]).to_pandas()["label"].tolist() == expected
+    assert pl.from_arrow(read_curated(root / "train")).get_column("label").to_list() == expected
+    hf = datasets.Dataset(read_curated(root, "train"))
+    assert hf["label"] == expected and hf.features["label"].names == [c["name"] for c in lmap]
+    sql = duckdb.sql(CURATED_SQL.format(root=root, split="train")).fetchall()
+    assert [row[1] for row in sql] == expected  # column 1: label
+    naive = pq.read_table(root / "train", columns=["label"]).num_rows
+    assert naive == TOTAL  # what a plain read sees: every image, labels as converted

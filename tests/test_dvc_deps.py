@@ -1,5 +1,6 @@
 """dvc.yaml deps that cannot drift: every project module a stage imports (transitively, including imports inside
 functions) lies under one of that stage's deps, so a code change always reruns the stages it can affect."""
+
 from __future__ import annotations
 
 import ast
@@ -90,14 +91,20 @@ def test_the_stage_deps_cover_every_project_module_it_imports(stage):
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_a_stage_imports_no_other_stage_package(stage):
-    """Stage packages meet only in tasks.common and imagenet_parquet.format (the layout the code map describes)."""
+    """Stage packages meet only in tasks.common and the format modules imagenet_parquet.format and .overlay (the
+    layout the code map describes)."""
     imported = project_imports(STAGES[stage]["cmd"].split()[2])
-    packages = {p.relative_to(REPO).parts[1] for p in imported if p.relative_to(REPO).parts[0] == "tasks"
-                and len(p.relative_to(REPO).parts) > 2}
+    packages = {
+        p.relative_to(REPO).parts[1]
+        for p in imported
+        if p.relative_to(REPO).parts[0] == "tasks" and len(p.relative_to(REPO).parts) > 2
+    }
     own = {"download": "acquire", "verify": "acquire"}.get(stage, stage)
     assert packages <= {"common", own}, packages
     reader = {p.relative_to(REPO).as_posix() for p in imported if p.relative_to(REPO).parts[0] == "imagenet_parquet"}
-    assert reader <= {"imagenet_parquet/__init__.py", "imagenet_parquet/format.py"}, reader
+    assert reader <= {"imagenet_parquet/__init__.py", "imagenet_parquet/format.py", "imagenet_parquet/overlay.py"}, (
+        reader
+    )
 
 
 def test_the_import_walk_sees_imports_inside_functions_and_relative_ones(tmp_path):

@@ -1,7 +1,7 @@
 """What every stage shares: the error type, atomic outputs, the stages' contracts, params, the class catalog.
 
-Stage packages (`tasks.acquire`, `tasks.extract`, `tasks.convert`, `tasks.validate`, `tasks.deploy`) import only
-this package and `imagenet_parquet.format`, never each other."""
+Stage packages (`tasks.acquire`, `tasks.extract`, `tasks.convert`, `tasks.curate`, `tasks.validate`, `tasks.deploy`)
+import only this package and the format modules (`imagenet_parquet.format`, `.overlay`), never each other."""
 
 from tasks.common.errors import PipelineError
 from tasks.common.files import atomic_path, disk_errors, dumps_json, write_json, write_text

@@ -32,6 +32,8 @@ AUTH_HELP = (
     "check `auth`, `user` and `password` (or `custom_auth_header`) of the remote in .dvc/config and "
     f".dvc/config.local (`dvc remote modify --local NAME password ...`), or set {ENV_USER} / {ENV_PASSWORD}"
 )
+SECRET_KEYS = frozenset({"auth", "key", "secret", "token"})  # kept out of pickles (Remote.__getstate__)
+_URL_SECRETS: dict[str, str] = {}  # passwords given inside a remote= URL, by key (Remote.source): never pickled
 LISTING_LIMIT = 256 << 20  # a .dir listing larger than this is not a listing (ImageNet's: ~100 KB)
 
 
@@ -41,11 +43,30 @@ class RemoteError(ValueError):
 
 @dataclass(frozen=True)
 class Remote:
-    """A DVC remote as fsspec sees it: a URL and the filesystem's options (never written anywhere)."""
+    """A DVC remote as fsspec sees it: a URL and the filesystem's options (never written anywhere). Pickled (for
+    DataLoader workers) without its secrets (SECRET_KEYS): `credentials()` re-reads them in the process that
+    unpickled it, from where they came from (`source`: the DVC config + config.local, the environment)."""
 
     url: str
     options: dict[str, Any] = field(default_factory=dict, repr=False)
     user: str | None = None  # shown as `user:***@` in messages (the URL itself carries no credentials)
+    source: tuple[str, ...] | None = field(default=None, repr=False, compare=False)  # see credentials.reread
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["options"] = {k: v for k, v in self.options.items() if k not in SECRET_KEYS}
+        state["withheld"] = sorted(set(self.options) & SECRET_KEYS) or state.get("withheld")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def credentials(self) -> dict[str, Any]:
+        """`options` with the secrets, re-read from `source` first in a process that unpickled this Remote."""
+        if self.__dict__.get("withheld"):
+            self.__dict__["options"] = _reread(self, self.__dict__["withheld"])
+            self.__dict__["withheld"] = None
+        return self.options
 
     def shown(self, url: str) -> str:
         """`url` as messages show it: `user:***@` where the remote has a user, never a password."""
@@ -68,11 +89,6 @@ class Remote:
     @property
     def protocol(self) -> str:
         return self.url.split("://", 1)[0] if "://" in self.url else "file"
-
-    def filesystem(self) -> Any:
-        import fsspec
-
-        return fsspec.filesystem(self.protocol, **self.options)
 
     def object_urls(self, md5: str) -> list[str]:
         """Candidate URLs of content `md5` (DVC 3 layout first, then DVC 2)."""
@@ -142,7 +158,7 @@ def parse_config(text: str) -> dict[str, dict[str, str]]:
 def find_remote(repo: Path, rev: str | None, name: str | None) -> Remote:
     """The remote `name` (default: core.remote) from .dvc/config + .dvc/config.local; a URL is used as is."""
     if name and ("://" in name or name.startswith("/")):
-        return _remote(name, {}, None)
+        return _remote(name, {}, None, _url_source(name))
     config: dict[str, dict[str, str]] = {}
     for file, at in ((".dvc/config", rev), (".dvc/config.local", None)):  # config.local is never committed
         for title, values in parse_config(read_project_file(repo, file, at) or "").items():
@@ -158,14 +174,14 @@ def find_remote(repo: Path, rev: str | None, name: str | None) -> Remote:
     url = section["url"]
     if "://" not in url and not os.path.isabs(url):  # DVC resolves local remotes against the config's directory
         url = str((repo / ".dvc" / url).resolve())
-    return _remote(url, section, name)
+    return _remote(url, section, name, ("dvc", str(repo.resolve()), rev or "", name))
 
 
-def _remote(url: str, section: dict[str, str], name: str | None) -> Remote:
-    """The Remote of `url` (credentials moved out of it) and its config `section`."""
+def _remote(url: str, section: dict[str, str], name: str | None, source: tuple[str, ...] | None = None) -> Remote:
+    """The Remote of `url` (credentials moved out of it) and its config `section`, read from `source`."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
-        return Remote(url, _options(url, section))
+        return Remote(url, _options(url, section), source=source)
     section = dict(section)
     if parts.username is not None:
         section.setdefault("user", unquote(parts.username))
@@ -174,7 +190,41 @@ def _remote(url: str, section: dict[str, str], name: str | None) -> Remote:
         section.setdefault("auth", "basic")
         url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
     auth = _http_auth(section, name)
-    return Remote(url, {"auth": auth} if auth else {}, section.get("user") if auth and auth[0] == "basic" else None)
+    user = section.get("user") if auth and auth[0] == "basic" else None
+    return Remote(url, {"auth": auth} if auth else {}, user, source)
+
+
+def _url_source(url: str) -> tuple[str, ...]:
+    """("url", `url` without its password, a key of _URL_SECRETS that holds it): re-read by a forked process."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return ("url", url)
+    key = os.urandom(8).hex()
+    _URL_SECRETS[key] = unquote(parts.password)
+    user, host = parts.netloc.rsplit("@", 1)
+    return ("url", urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}@{host}")), key)
+
+
+def _reread(remote: Remote, withheld: list[str]) -> dict[str, Any]:
+    """`remote`'s options with its secrets, read again from `remote.source` (in an unpickled copy)."""
+    kind, *where = remote.source or ("none",)
+    again, found = None, "no record of where they came from"
+    try:
+        if kind == "dvc":
+            again, found = find_remote(Path(where[0]), where[1] or None, where[2]), f"{where[0]}/.dvc/config(.local)"
+        elif kind == "url":
+            password = _URL_SECRETS.get(where[1]) if len(where) > 1 else None
+            again, found = _remote(where[0], {"password": password} if password else {}, None), "the environment"
+    except RemoteError as err:
+        found = str(err)
+    if again is not None and again.url == remote.url and set(withheld) <= set(again.options):
+        return again.options
+    hint = "a password inside a URL passed as remote= reaches forked processes only: " if kind == "url" else ""
+    raise RemoteError(
+        f"{remote.shown(remote.url)}: expected the remote's credentials ({', '.join(withheld)}) in this process, "
+        f"which re-reads them (they are never pickled; a DataLoader worker is such a process), found none in "
+        f"{found}; {hint}{AUTH_HELP}"
+    )
 
 
 def _http_auth(section: dict[str, str], name: str | None) -> tuple[str, str, str] | None:

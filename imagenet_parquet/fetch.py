@@ -9,6 +9,7 @@ refused credential, a server that ignores Range) into one clear `RemoteError`.""
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -48,24 +49,9 @@ def open_filesystem(remote: Remote, policy: Policy) -> Any:
     """The fsspec filesystem of `remote` with `policy`'s timeouts (and no retries of its own: Fetcher retries)."""
     import fsspec
 
-    options = dict(remote.options)
-    auth = options.pop("auth", None)
+    options = {k: v for k, v in remote.credentials().items() if k != "auth"}
     if remote.protocol in ("http", "https"):
-        import aiohttp
-
-        client: dict[str, Any] = {
-            "timeout": aiohttp.ClientTimeout(
-                total=policy.object_timeout,
-                sock_connect=policy.connect_timeout,
-                connect=policy.connect_timeout,
-                sock_read=policy.read_timeout,
-            )
-        }
-        if auth and auth[0] == "basic":
-            client["auth"] = aiohttp.BasicAuth(auth[1], auth[2])
-        elif auth:
-            client["headers"] = {auth[1]: auth[2]}
-        options["client_kwargs"] = client
+        options["client_kwargs"] = http_client(remote, policy)
     elif remote.protocol == "s3":
         options["config_kwargs"] = {
             "connect_timeout": policy.connect_timeout,
@@ -73,6 +59,66 @@ def open_filesystem(remote: Remote, policy: Policy) -> Any:
             "retries": {"max_attempts": 1},
         }
     return fsspec.filesystem(remote.protocol, skip_instance_cache=True, **options)
+
+
+def http_client(remote: Remote, policy: Policy) -> dict[str, Any]:
+    """aiohttp.ClientSession's arguments: `policy`'s timeouts, and the remote's credentials as a middleware that
+    adds them to the requests to the remote's origin only — aiohttp runs it on every hop of a redirect, so a
+    redirect to another origin (scheme, host, port) gets none, as with curl or requests. (A session's `auth=` is
+    sent again after a cross-origin redirect, and its `headers=` always.)"""
+    import aiohttp
+
+    client: dict[str, Any] = {
+        "timeout": aiohttp.ClientTimeout(
+            total=policy.object_timeout,
+            sock_connect=policy.connect_timeout,
+            connect=policy.connect_timeout,
+            sock_read=policy.read_timeout,
+        )
+    }
+    auth = remote.credentials().get("auth")
+    if auth:
+        if tuple(int(p) for p in aiohttp.__version__.split(".")[:2]) < (3, 12):
+            raise RemoteError(
+                f"{remote.shown(remote.url)}: credentials need aiohttp >= 3.12 (its client middlewares keep "
+                f"them to the remote's origin), found aiohttp {aiohttp.__version__}; pip install 'aiohttp>=3.12'"
+            )
+        client["middlewares"] = (OriginAuth(remote.url, auth_headers(auth)),)
+    return client
+
+
+def auth_headers(auth: tuple[str, str, str]) -> dict[str, str]:
+    """The request headers of ("basic", user, password) or ("custom", header, value)."""
+    if auth[0] == "basic":
+        token = base64.b64encode(f"{auth[1]}:{auth[2]}".encode()).decode("ascii")
+        return {"Authorization": f"Basic {token}"}
+    return {auth[1]: auth[2]}
+
+
+def origin(url: Any) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL (str or yarl.URL), the default port made explicit."""
+    from yarl import URL
+
+    url = URL(str(url))
+    return (url.scheme.lower(), (url.host or "").lower(), url.port)
+
+
+class OriginAuth:
+    """An aiohttp client middleware: `headers` (the credentials) on the requests to `url`'s origin, and removed
+    from any other (aiohttp calls it once per request, each redirect hop included)."""
+
+    def __init__(self, url: str, headers: dict[str, str]):
+        self.origin, self.headers = origin(url), headers
+
+    def __repr__(self) -> str:
+        return f"OriginAuth({self.origin}, {sorted(self.headers)})"
+
+    async def __call__(self, request: Any, handler: Any) -> Any:
+        for name in self.headers:
+            request.headers.popall(name, None)
+        if origin(request.url) == self.origin:
+            request.headers.update(self.headers)
+        return await handler(request)
 
 
 class Fetcher:

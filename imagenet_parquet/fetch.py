@@ -175,11 +175,24 @@ class Fetcher:
                 break
             time.sleep(delay)
             delay *= 2
-        raise RemoteError(
-            f"{self.remote.shown(url)}: {what}: {self.describe(last)}; gave up after {tries} tries in "
-            f"{time.monotonic() - started:.1f} s (retries={policy.retries}, object_timeout={policy.object_timeout}"
-            " s) — check the server and the network, or pass larger timeouts/retries to from_dvc"
-        ) from None
+        raise self._give_up(url, what, last, tries, time.monotonic() - started)
+
+    def _give_up(self, url: str, what: str, last: BaseException | None, tries: int, seconds: float) -> RemoteError:
+        """The error of `tries` failed tries at `url`: a server error (5xx, 429) by its status, else in words."""
+        policy, shown = self.policy, self.remote.shown(url)
+        limits = f"{tries} tries in {seconds:.1f} s (retries={policy.retries}, object_timeout={policy.object_timeout} s)"
+        status = next((s for s in _statuses(last) if s >= 500 or s == 429), None)
+        if status is not None:
+            reason = next((str(getattr(e, "message", "")) for e in _chain(last) if getattr(e, "status", 0) == status), "")
+            return RemoteError(
+                f"{shown}: {what}: the server answered HTTP {status}{f' ({reason})' if reason else ''} to every try, "
+                f"{limits}; the server is failing, not the object missing — check the server (its logs, its disk) "
+                "or try again later, with larger retries/object_timeout passed to from_dvc"
+            )
+        return RemoteError(
+            f"{shown}: {what}: {self.describe(last)}; gave up after {limits} — check the server and the network, "
+            "or pass larger timeouts/retries to from_dvc"
+        )
 
     def describe(self, err: BaseException | None) -> str:
         """What went wrong, in words, with no secret in them."""
@@ -196,7 +209,7 @@ class Fetcher:
         """Raise what retrying cannot mend: a missing object (FileNotFoundError), refused credentials, a server
         that ignores Range, and our own RemoteErrors; return for the rest."""
         shown = self.remote.shown(url)
-        statuses = [getattr(e, "status", None) for e in _chain(err)]
+        statuses: list[Any] = _statuses(err)
         if 401 in statuses or 403 in statuses or isinstance(err, PermissionError):
             code = next((s for s in statuses if s in (401, 403)), "access denied")
             raise RemoteError(f"{shown}: the server refused the credentials (HTTP {code}); {AUTH_HELP}") from None
@@ -218,6 +231,12 @@ def _chain(err: BaseException | None) -> Iterator[BaseException]:
     while err is not None and seen < 8:
         yield err
         err, seen = err.__cause__ or err.__context__, seen + 1
+
+
+def _statuses(err: BaseException | None) -> list[int]:
+    """The HTTP statuses in `err`'s chain (aiohttp's ClientResponseError.status), outermost first."""
+    found = (getattr(e, "status", None) for e in _chain(err))
+    return [s for s in found if isinstance(s, int) and not isinstance(s, bool)]
 
 
 def _transient(statuses: list[Any], err: BaseException) -> bool:

@@ -174,7 +174,7 @@ def find_remote(repo: Path, rev: str | None, name: str | None) -> Remote:
     url = section["url"]
     if "://" not in url and not os.path.isabs(url):  # DVC resolves local remotes against the config's directory
         url = str((repo / ".dvc" / url).resolve())
-    return _remote(url, section, name, ("dvc", str(repo.resolve()), rev or "", name))
+    return _remote(url, section, name, ("dvc", str(repo.resolve()), rev or "", name or ""))
 
 
 def _remote(url: str, section: dict[str, str], name: str | None, source: tuple[str, ...] | None = None) -> Remote:
@@ -208,22 +208,24 @@ def _url_source(url: str) -> tuple[str, ...]:
 def _reread(remote: Remote, withheld: list[str]) -> dict[str, Any]:
     """`remote`'s options with its secrets, read again from `remote.source` (in an unpickled copy)."""
     kind, *where = remote.source or ("none",)
-    again, found = None, "no record of where they came from"
+    again, looked, problem = None, "nowhere (no record of where they came from)", ""
     try:
         if kind == "dvc":
-            again, found = find_remote(Path(where[0]), where[1] or None, where[2]), f"{where[0]}/.dvc/config(.local)"
+            looked = f"{where[0]}/.dvc/config, .dvc/config.local and the environment"
+            again = find_remote(Path(where[0]), where[1] or None, where[2] or None)
         elif kind == "url":
+            looked = "this process's memory (the remote= URL) and the environment"
             password = _URL_SECRETS.get(where[1]) if len(where) > 1 else None
-            again, found = _remote(where[0], {"password": password} if password else {}, None), "the environment"
+            again = _remote(where[0], {"password": password} if password else {}, None)
     except RemoteError as err:
-        found = str(err)
+        problem = f" ({err})"
     if again is not None and again.url == remote.url and set(withheld) <= set(again.options):
         return again.options
-    hint = "a password inside a URL passed as remote= reaches forked processes only: " if kind == "url" else ""
+    hint = "a password inside a URL passed as remote= reaches forked processes only; " if kind == "url" else ""
     raise RemoteError(
         f"{remote.shown(remote.url)}: expected the remote's credentials ({', '.join(withheld)}) in this process, "
         f"which re-reads them (they are never pickled; a DataLoader worker is such a process), found none in "
-        f"{found}; {hint}{AUTH_HELP}"
+        f"{looked}{problem}; {hint}{AUTH_HELP}"
     )
 
 

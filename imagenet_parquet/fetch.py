@@ -180,10 +180,12 @@ class Fetcher:
     def _give_up(self, url: str, what: str, last: BaseException | None, tries: int, seconds: float) -> RemoteError:
         """The error of `tries` failed tries at `url`: a server error (5xx, 429) by its status, else in words."""
         policy, shown = self.policy, self.remote.shown(url)
-        limits = f"{tries} tries in {seconds:.1f} s (retries={policy.retries}, object_timeout={policy.object_timeout} s)"
+        limits = f"{tries} tries in {seconds:.1f} s (retries={policy.retries}, object_timeout={policy.object_timeout}"
+        limits += " s)"
         status = next((s for s in _statuses(last) if s >= 500 or s == 429), None)
         if status is not None:
-            reason = next((str(getattr(e, "message", "")) for e in _chain(last) if getattr(e, "status", 0) == status), "")
+            replies = (e for e in _chain(last) if getattr(e, "status", 0) == status)
+            reason = next((str(getattr(e, "message", "")) for e in replies), "")
             return RemoteError(
                 f"{shown}: {what}: the server answered HTTP {status}{f' ({reason})' if reason else ''} to every try, "
                 f"{limits}; the server is failing, not the object missing — check the server (its logs, its disk) "

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .dvcremote import AUTH_HELP, Remote, RemoteError
+from .dvcconfig import AUTH_HELP, Remote, RemoteError
 
 T = TypeVar("T")
 

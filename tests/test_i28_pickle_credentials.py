@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
-from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, dvcremote
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, dvcconfig
 from imagenet_parquet.dvcremote import RemoteError
 from tests.helpers.http_remote import TOTAL, RecordingServer, add_remote, build_checkout
 from tests.helpers.images import identify
@@ -96,7 +96,7 @@ def test_a_url_password_reaches_forked_copies_only_and_else_fails_clearly(data, 
     _, ds = _open(data, tmp_path, server, "url", monkeypatch)
     blob = pickle.dumps(ds)
     (tmp_path / "cache").rename(tmp_path / "old-cache")
-    monkeypatch.setattr(dvcremote, "_URL_SECRETS", {})  # a spawned process: nothing of the parent's memory
+    monkeypatch.setattr(dvcconfig, "_URL_SECRETS", {})  # a spawned process: nothing of the parent's memory
     with pytest.raises(RemoteError) as err:
         pickle.loads(blob)[3]
     message = str(err.value)

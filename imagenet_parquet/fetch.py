@@ -188,8 +188,8 @@ class Fetcher:
             reason = next((str(getattr(e, "message", "")) for e in replies), "")
             return RemoteError(
                 f"{shown}: {what}: the server answered HTTP {status}{f' ({reason})' if reason else ''} to every try, "
-                f"{limits}; the server is failing, not the object missing — check the server (its logs, its disk) "
-                "or try again later, with larger retries/object_timeout passed to from_dvc"
+                f"{limits}; the server is failing or overloaded, not the object missing — check the server (its "
+                "logs, its disk) or try again later, with larger retries/object_timeout passed to from_dvc"
             )
         return RemoteError(
             f"{shown}: {what}: {self.describe(last)}; gave up after {limits} — check the server and the network, "

@@ -158,7 +158,8 @@ class Position:
 
 def _integer(value: Any) -> int | None:
     """`value` as an int when it is one (int, numpy or 0-d torch integer); None for bools, floats, strings, None."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    dtype = getattr(value, "dtype", None)  # numpy / torch: a 0-d integer, not a bool nor a 1-element array
+    if isinstance(value, bool) or (dtype is not None and ("bool" in str(dtype) or getattr(value, "ndim", 0) != 0)):
         return None
     try:
         return operator.index(value)

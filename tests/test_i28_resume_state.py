@@ -39,7 +39,8 @@ def _sampler(shards: Path, **kw) -> RowGroupSampler:
 MAKERS = {"iterable": _iterable, "sampler": _sampler}
 GOOD = {"version": 1, "seed": SEED, "num_samples": TOTAL, "epoch": 1, "samples_seen": 12, "origin": 0,
         "topology": [1, 1, 1]}
-BAD_INTS = [None, "3", 3.0, 2.5, NAN, math.inf, True, False, [3], {"n": 3}, np.float64(3), b"3"]
+BAD_INTS = [None, "3", 3.0, 2.5, NAN, math.inf, True, False, [3], {"n": 3}, np.float64(3), b"3", np.bool_(True),
+            torch.tensor(True), torch.tensor(3.0), torch.tensor([3])]
 BAD = (  # (field, value)
     [("epoch", v) for v in [-1, -(2**70), 2**64, *BAD_INTS]]
     + [("samples_seen", v) for v in [-1, TOTAL + 1, 2**70, -(2**63), *BAD_INTS]]

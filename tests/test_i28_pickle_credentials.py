@@ -118,3 +118,19 @@ def test_a_copy_whose_source_lost_the_password_fails_clearly(data, server, tmp_p
     assert SECRET not in message and "never pickled" in message
     assert f"{node.resolve()}/.dvc/config" in message and "expected `user` and `password`" in message
     assert "\n" not in message
+
+
+def test_s3_secrets_from_the_dvc_config_are_not_pickled_either(tmp_path):
+    node = tmp_path / "node"
+    (node / ".dvc").mkdir(parents=True)
+    (node / ".dvc" / "config").write_text("[core]\n    remote = s3\n['remote \"s3\"']\n    url = s3://bucket/store\n"
+                                          "    endpointurl = http://127.0.0.1:9\n")
+    (node / ".dvc" / "config.local").write_text(f"['remote \"s3\"']\n    access_key_id = AKIAI28\n"
+                                                f"    secret_access_key = {SECRET}\n    session_token = tok-{SECRET}\n")
+    remote = dvcconfig.find_remote(node, None, None)
+    blob = pickle.dumps(remote)
+    _no_secret(blob)
+    assert SECRET not in repr(remote)
+    copy = pickle.loads(blob)
+    assert copy.credentials()["secret"] == SECRET and copy.credentials()["token"] == f"tok-{SECRET}"
+    assert copy == remote and copy.options["endpoint_url"] == "http://127.0.0.1:9"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .dvcremote import RemoteError
+from .dvcconfig import RemoteError
 
 ORPHAN_AGE = 3600.0  # seconds: a temporary file this old is a leftover even if its pid was reused
 

@@ -1,98 +1,42 @@
 """Which shard files a DVC-tracked version holds, and where its remote keeps them — without DVC installed.
 
-Reads `dvc.lock` (PyYAML, the `remote` extra) and `.dvc/config` (+ the git-ignored `.dvc/config.local`) of a
-checkout, at `rev` through `git show` when given; finds the out that holds `path` (its `<md5>.dir`), fetches that
-`.dir` object (a JSON list of {"md5", "relpath"}) from the remote and keeps the `*.parquet` entries under `path`.
+Reads `dvc.lock` (PyYAML, the `remote` extra) of a checkout, at `rev` through `git show` when given; finds the out
+that holds `path` (its `<md5>.dir`), fetches that `.dir` object (a JSON list of {"md5", "relpath"}) from the
+remote (dvcconfig.py: which one, with which credentials) and keeps the `*.parquet` entries under `path`.
 Remote layout: DVC 3 stores content at `<url>/files/md5/<2 hex>/<30 hex>` (DVC 2: `<url>/<2>/<30>`, tried next).
 Only the listing is trusted for names (nothing here depends on how the shard files are named), and only once it
-matches the md5 dvc.lock gives it; every object name in it must be 32 hex digits (it becomes a cache directory).
-HTTP credentials follow DVC's remote options (`auth = basic | custom`, `user`, `password`, `custom_auth_header`;
-secrets belong in `.dvc/config.local`) or IMAGENET_PARQUET_HTTP_USER / IMAGENET_PARQUET_HTTP_PASSWORD, or a URL's
-`user:password@`: they are kept out of the URL, of every message and of `repr(Remote)`."""
+matches the md5 dvc.lock gives it; every object name in it must be 32 hex digits (it becomes a cache directory)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from typing import TYPE_CHECKING
+
+from .dvcconfig import AUTH_HELP, ENV_PASSWORD, ENV_USER, Remote, RemoteError, find_remote, read_project_file, redact
 
 if TYPE_CHECKING:
     from .fetch import Fetcher
 
-_CREDENTIAL_KEYS = {"access_key_id": "key", "secret_access_key": "secret", "session_token": "token"}
+__all__ = [
+    "AUTH_HELP",
+    "ENV_PASSWORD",
+    "ENV_USER",
+    "LISTING_LIMIT",
+    "Remote",
+    "RemoteError",
+    "check_md5",
+    "fetch_listing",
+    "find_remote",
+    "list_shards",
+    "lock_out",
+    "read_project_file",
+    "redact",
+]
 _MD5 = re.compile(r"[0-9a-f]{32}")
-ENV_USER, ENV_PASSWORD = "IMAGENET_PARQUET_HTTP_USER", "IMAGENET_PARQUET_HTTP_PASSWORD"
-AUTH_HELP = (
-    "check `auth`, `user` and `password` (or `custom_auth_header`) of the remote in .dvc/config and "
-    f".dvc/config.local (`dvc remote modify --local NAME password ...`), or set {ENV_USER} / {ENV_PASSWORD}"
-)
 LISTING_LIMIT = 256 << 20  # a .dir listing larger than this is not a listing (ImageNet's: ~100 KB)
-
-
-class RemoteError(ValueError):
-    """A DVC project or remote that cannot be read as expected; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Remote:
-    """A DVC remote as fsspec sees it: a URL and the filesystem's options (never written anywhere)."""
-
-    url: str
-    options: dict[str, Any] = field(default_factory=dict, repr=False)
-    user: str | None = None  # shown as `user:***@` in messages (the URL itself carries no credentials)
-
-    def shown(self, url: str) -> str:
-        """`url` as messages show it: `user:***@` where the remote has a user, never a password."""
-        url = redact(url)
-        if self.user and "://" in url and "@" not in url.split("://", 1)[1].split("/", 1)[0]:
-            scheme, rest = url.split("://", 1)
-            url = f"{scheme}://{self.user}:***@{rest}"
-        return url
-
-    def scrub(self, text: str) -> str:
-        """`text` with every secret of this remote replaced by ***."""
-        text = redact(text)
-        auth = self.options.get("auth")
-        secrets = [auth[2]] if auth else []
-        secrets += [str(self.options[k]) for k in ("secret", "token") if self.options.get(k)]
-        for secret in secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    @property
-    def protocol(self) -> str:
-        return self.url.split("://", 1)[0] if "://" in self.url else "file"
-
-    def filesystem(self) -> Any:
-        import fsspec
-
-        return fsspec.filesystem(self.protocol, **self.options)
-
-    def object_urls(self, md5: str) -> list[str]:
-        """Candidate URLs of content `md5` (DVC 3 layout first, then DVC 2)."""
-        base = self.url.rstrip("/")
-        return [f"{base}/files/md5/{md5[:2]}/{md5[2:]}", f"{base}/{md5[:2]}/{md5[2:]}"]
-
-
-def read_project_file(repo: Path, name: str, rev: str | None) -> str | None:
-    """`name` (relative to the checkout) in the working tree, or at git `rev`; None when absent."""
-    if rev is None:
-        path = repo / name
-        return path.read_text(encoding="utf-8") if path.is_file() else None
-    if not rev or rev.startswith("-") or any(c.isspace() or c == ":" for c in rev):
-        raise RemoteError(
-            f"rev: expected a git revision (a commit, branch or tag), found {rev!r}; a revision never starts "
-            "with '-' nor holds spaces or ':'"
-        )
-    cmd = ["git", "-C", str(repo), "show", "--end-of-options", f"{rev}:{name}"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    return out.stdout if out.returncode == 0 else None
 
 
 def lock_out(repo: Path, path: str, rev: str | None) -> tuple[str, str]:
@@ -119,101 +63,6 @@ def lock_out(repo: Path, path: str, rev: str | None) -> tuple[str, str]:
         f"{repo}/dvc.lock: expected an out holding {path!r}, found outs "
         f"{sorted(o['path'] for o in outs)}; pass a path under one of them"
     )
-
-
-def parse_config(text: str) -> dict[str, dict[str, str]]:
-    """DVC's INI config (configobj) as {section: {key: value}}; `['remote "s3"']` -> section 'remote "s3"'.
-    Hand-written: configparser reads DVC's indented keys as continuation lines."""
-    sections: dict[str, dict[str, str]] = {}
-    current: dict[str, str] | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("["):
-            title = line.strip("[]").strip()
-            current = sections.setdefault(title[1:-1] if title[:1] == title[-1:] == "'" else title, {})
-        elif "=" in line and current is not None:
-            key, value = line.split("=", 1)
-            current[key.strip()] = value.strip().strip("'\"")
-    return sections
-
-
-def find_remote(repo: Path, rev: str | None, name: str | None) -> Remote:
-    """The remote `name` (default: core.remote) from .dvc/config + .dvc/config.local; a URL is used as is."""
-    if name and ("://" in name or name.startswith("/")):
-        return _remote(name, {}, None)
-    config: dict[str, dict[str, str]] = {}
-    for file, at in ((".dvc/config", rev), (".dvc/config.local", None)):  # config.local is never committed
-        for title, values in parse_config(read_project_file(repo, file, at) or "").items():
-            config.setdefault(title, {}).update(values)
-    name = name or config.get("core", {}).get("remote")
-    section = config.get(f'remote "{name}"') if name else None
-    if not section or "url" not in section:
-        known = sorted(s.split('"')[1] for s in config if s.startswith("remote "))
-        raise RemoteError(
-            f"{repo}/.dvc/config: expected remote {name or '(core.remote)'} with a url, found "
-            f"remotes {known}; pass remote= (a name or a URL) or run scripts/remote.sh"
-        )
-    url = section["url"]
-    if "://" not in url and not os.path.isabs(url):  # DVC resolves local remotes against the config's directory
-        url = str((repo / ".dvc" / url).resolve())
-    return _remote(url, section, name)
-
-
-def _remote(url: str, section: dict[str, str], name: str | None) -> Remote:
-    """The Remote of `url` (credentials moved out of it) and its config `section`."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        return Remote(url, _options(url, section))
-    section = dict(section)
-    if parts.username is not None:
-        section.setdefault("user", unquote(parts.username))
-        if parts.password is not None:
-            section.setdefault("password", unquote(parts.password))
-        section.setdefault("auth", "basic")
-        url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-    auth = _http_auth(section, name)
-    return Remote(url, {"auth": auth} if auth else {}, section.get("user") if auth and auth[0] == "basic" else None)
-
-
-def _http_auth(section: dict[str, str], name: str | None) -> tuple[str, str, str] | None:
-    """("basic", user, password) or ("custom", header, password) as DVC's HTTP remote reads them; None: none."""
-    method = section.get("auth")
-    if not method:
-        return None
-    user = section.get("user") or os.environ.get(ENV_USER)
-    password = section.get("password") or os.environ.get(ENV_PASSWORD)
-    where = f"remote {name or '(a URL)'}"
-    header = section.get("custom_auth_header")
-    if method == "basic" and user and password:
-        return ("basic", user, password)
-    if method == "custom" and header and password:
-        return ("custom", header, password)
-    if method in ("basic", "custom"):
-        need = "`user` and `password`" if method == "basic" else "`custom_auth_header` and `password`"
-        raise RemoteError(f"{where}: expected {need} for auth = {method}, found some missing; {AUTH_HELP}")
-    raise RemoteError(f"{where}: expected auth = basic or custom (DVC's HTTP remote), found {method!r}")
-
-
-def _options(url: str, section: dict[str, str]) -> dict[str, Any]:
-    """fsspec options from the remote's section; credentials otherwise come from the environment as usual."""
-    if not url.startswith("s3://"):
-        return {}
-    options: dict[str, Any] = {}
-    if "endpointurl" in section:
-        options["endpoint_url"] = section["endpointurl"]
-    if "region" in section:
-        options["client_kwargs"] = {"region_name": section["region"]}
-    if "profile" in section:
-        options["profile"] = section["profile"]
-    options.update({ours: section[theirs] for theirs, ours in _CREDENTIAL_KEYS.items() if theirs in section})
-    return options
-
-
-def redact(text: str) -> str:
-    """`text` with the password of any `scheme://user:password@` replaced by ***."""
-    return re.sub(r"(://[^/\s:@]*):[^/\s@]*@", r"\1:***@", text)
 
 
 def check_md5(value: str, where: str, what: str) -> str:

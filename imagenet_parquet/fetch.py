@@ -9,13 +9,14 @@ refused credential, a server that ignores Range) into one clear `RemoteError`.""
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .dvcremote import AUTH_HELP, Remote, RemoteError
+from .dvcconfig import AUTH_HELP, Remote, RemoteError
 
 T = TypeVar("T")
 
@@ -48,24 +49,9 @@ def open_filesystem(remote: Remote, policy: Policy) -> Any:
     """The fsspec filesystem of `remote` with `policy`'s timeouts (and no retries of its own: Fetcher retries)."""
     import fsspec
 
-    options = dict(remote.options)
-    auth = options.pop("auth", None)
+    options = {k: v for k, v in remote.credentials().items() if k != "auth"}
     if remote.protocol in ("http", "https"):
-        import aiohttp
-
-        client: dict[str, Any] = {
-            "timeout": aiohttp.ClientTimeout(
-                total=policy.object_timeout,
-                sock_connect=policy.connect_timeout,
-                connect=policy.connect_timeout,
-                sock_read=policy.read_timeout,
-            )
-        }
-        if auth and auth[0] == "basic":
-            client["auth"] = aiohttp.BasicAuth(auth[1], auth[2])
-        elif auth:
-            client["headers"] = {auth[1]: auth[2]}
-        options["client_kwargs"] = client
+        options["client_kwargs"] = http_client(remote, policy)
     elif remote.protocol == "s3":
         options["config_kwargs"] = {
             "connect_timeout": policy.connect_timeout,
@@ -73,6 +59,66 @@ def open_filesystem(remote: Remote, policy: Policy) -> Any:
             "retries": {"max_attempts": 1},
         }
     return fsspec.filesystem(remote.protocol, skip_instance_cache=True, **options)
+
+
+def http_client(remote: Remote, policy: Policy) -> dict[str, Any]:
+    """aiohttp.ClientSession's arguments: `policy`'s timeouts, and the remote's credentials as a middleware that
+    adds them to the requests to the remote's origin only — aiohttp runs it on every hop of a redirect, so a
+    redirect to another origin (scheme, host, port) gets none, as with curl or requests. (A session's `auth=` is
+    sent again after a cross-origin redirect, and its `headers=` always.)"""
+    import aiohttp
+
+    client: dict[str, Any] = {
+        "timeout": aiohttp.ClientTimeout(
+            total=policy.object_timeout,
+            sock_connect=policy.connect_timeout,
+            connect=policy.connect_timeout,
+            sock_read=policy.read_timeout,
+        )
+    }
+    auth = remote.credentials().get("auth")
+    if auth:
+        if tuple(int(p) for p in aiohttp.__version__.split(".")[:2]) < (3, 12):
+            raise RemoteError(
+                f"{remote.shown(remote.url)}: credentials need aiohttp >= 3.12 (its client middlewares keep "
+                f"them to the remote's origin), found aiohttp {aiohttp.__version__}; pip install 'aiohttp>=3.12'"
+            )
+        client["middlewares"] = (OriginAuth(remote.url, auth_headers(auth)),)
+    return client
+
+
+def auth_headers(auth: tuple[str, str, str]) -> dict[str, str]:
+    """The request headers of ("basic", user, password) or ("custom", header, value)."""
+    if auth[0] == "basic":
+        token = base64.b64encode(f"{auth[1]}:{auth[2]}".encode()).decode("ascii")
+        return {"Authorization": f"Basic {token}"}
+    return {auth[1]: auth[2]}
+
+
+def origin(url: Any) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL (str or yarl.URL), the default port made explicit."""
+    from yarl import URL
+
+    url = URL(str(url))
+    return (url.scheme.lower(), (url.host or "").lower(), url.port)
+
+
+class OriginAuth:
+    """An aiohttp client middleware: `headers` (the credentials) on the requests to `url`'s origin, and removed
+    from any other (aiohttp calls it once per request, each redirect hop included)."""
+
+    def __init__(self, url: str, headers: dict[str, str]):
+        self.origin, self.headers = origin(url), headers
+
+    def __repr__(self) -> str:
+        return f"OriginAuth({self.origin}, {sorted(self.headers)})"
+
+    async def __call__(self, request: Any, handler: Any) -> Any:
+        for name in self.headers:
+            request.headers.popall(name, None)
+        if origin(request.url) == self.origin:
+            request.headers.update(self.headers)
+        return await handler(request)
 
 
 class Fetcher:
@@ -129,11 +175,26 @@ class Fetcher:
                 break
             time.sleep(delay)
             delay *= 2
-        raise RemoteError(
-            f"{self.remote.shown(url)}: {what}: {self.describe(last)}; gave up after {tries} tries in "
-            f"{time.monotonic() - started:.1f} s (retries={policy.retries}, object_timeout={policy.object_timeout}"
-            " s) — check the server and the network, or pass larger timeouts/retries to from_dvc"
-        ) from None
+        raise self._give_up(url, what, last, tries, time.monotonic() - started)
+
+    def _give_up(self, url: str, what: str, last: BaseException | None, tries: int, seconds: float) -> RemoteError:
+        """The error of `tries` failed tries at `url`: a server error (5xx, 429) by its status, else in words."""
+        policy, shown = self.policy, self.remote.shown(url)
+        limits = f"{tries} tries in {seconds:.1f} s (retries={policy.retries}, object_timeout={policy.object_timeout}"
+        limits += " s)"
+        status = next((s for s in _statuses(last) if s >= 500 or s == 429), None)
+        if status is not None:
+            replies = (e for e in _chain(last) if getattr(e, "status", 0) == status)
+            reason = next((str(getattr(e, "message", "")) for e in replies), "")
+            return RemoteError(
+                f"{shown}: {what}: the server answered HTTP {status}{f' ({reason})' if reason else ''} to every try, "
+                f"{limits}; the server is failing or overloaded, not the object missing — check the server (its "
+                "logs, its disk) or try again later, with larger retries/object_timeout passed to from_dvc"
+            )
+        return RemoteError(
+            f"{shown}: {what}: {self.describe(last)}; gave up after {limits} — check the server and the network, "
+            "or pass larger timeouts/retries to from_dvc"
+        )
 
     def describe(self, err: BaseException | None) -> str:
         """What went wrong, in words, with no secret in them."""
@@ -150,7 +211,7 @@ class Fetcher:
         """Raise what retrying cannot mend: a missing object (FileNotFoundError), refused credentials, a server
         that ignores Range, and our own RemoteErrors; return for the rest."""
         shown = self.remote.shown(url)
-        statuses = [getattr(e, "status", None) for e in _chain(err)]
+        statuses: list[Any] = _statuses(err)
         if 401 in statuses or 403 in statuses or isinstance(err, PermissionError):
             code = next((s for s in statuses if s in (401, 403)), "access denied")
             raise RemoteError(f"{shown}: the server refused the credentials (HTTP {code}); {AUTH_HELP}") from None
@@ -172,6 +233,12 @@ def _chain(err: BaseException | None) -> Iterator[BaseException]:
     while err is not None and seen < 8:
         yield err
         err, seen = err.__cause__ or err.__context__, seen + 1
+
+
+def _statuses(err: BaseException | None) -> list[int]:
+    """The HTTP statuses in `err`'s chain (aiohttp's ClientResponseError.status), outermost first."""
+    found = (getattr(e, "status", None) for e in _chain(err))
+    return [s for s in found if isinstance(s, int) and not isinstance(s, bool)]
 
 
 def _transient(statuses: list[Any], err: BaseException) -> bool:

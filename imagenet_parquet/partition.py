@@ -23,6 +23,7 @@ rank's batches come out in position order, whatever the number of workers.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,12 @@ import numpy as np
 
 UNEVEN = ("keep", "drop", "pad")
 STATE_VERSION = 1
+MAX_INT = 2**63 - 1
+MAX_TOPOLOGY = 2**31 - 1  # world_size, DataLoader workers, batch size
+STATE_HELP = (
+    "load a state saved by state_dict() of the same dataset/sampler (same shards, same seed), or "
+    '{"epoch": e, "samples_seen": n} built by the training loop (n: images of the global steps it finished)'
+)
 
 
 def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -118,26 +125,69 @@ class Position:
         return state
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], seed: int, total: int) -> Position:
-        """Checked: the same seed and number of images (another order or another dataset cannot be resumed)."""
-        if not {"epoch", "samples_seen"} <= set(state):
+    def from_state(cls, state: Any, seed: int, total: int) -> Position:
+        """Checked, every field (one ValueError naming the field, the value found and the valid range): the same
+        seed and number of images (another order or another dataset cannot be resumed), counts in range."""
+        if not isinstance(state, Mapping) or not {"epoch", "samples_seen"} <= set(state):
             raise ValueError(
                 f"state: expected a dict with 'epoch' and 'samples_seen' (from state_dict(), or built by the "
-                f"training loop), found {state!r}"
+                f"training loop), found {_shown(state)}"
             )
+        if "version" in state:
+            _field(state, "version", STATE_VERSION, STATE_VERSION, "the only state version this reader knows")
         for key, mine in (("seed", seed), ("num_samples", total)):
-            if key in state and state[key] != mine:
+            if key in state and _integer(state[key]) != mine:
                 raise ValueError(
-                    f"state: expected {key}={mine} (this dataset/sampler), found {key}={state[key]}; a resume "
-                    "needs the same seed and the same shards as the run that saved the state"
+                    f"state['{key}']: expected {key}={mine} (this dataset/sampler), found {key}={_shown(state[key])}; "
+                    "a resume needs the same seed and the same shards as the run that saved the state"
                 )
-        seen = int(state["samples_seen"])
-        if not 0 <= seen <= total:
-            raise ValueError(f"state: expected 0 <= samples_seen <= {total}, found {seen}")
+        epoch = _field(state, "epoch", 0, MAX_INT, "an epoch number")
+        seen = _field(state, "samples_seen", 0, total, "positions of the epoch consumed")
+        origin = seen
+        if "origin" in state:
+            origin = _field(state, "origin", 0, seen, "where this pass began, <= samples_seen")
         topology = state.get("topology")
-        origin = int(state.get("origin", seen)) if topology is not None else seen
-        return cls(int(state["epoch"]), origin, seen, tuple(topology) if topology is not None else None)
+        if topology is None:  # a state built by the training loop: its count is global, any topology resumes there
+            return cls(epoch, seen, seen)
+        return cls(epoch, origin, seen, _topology(topology))
 
     def local_done(self, world_size: int) -> int:
         """Positions of each rank already consumed since `origin`."""
         return (self.seen - self.origin) // world_size
+
+
+def _integer(value: Any) -> int | None:
+    """`value` as an int when it is one (int, numpy or 0-d torch integer); None for bools, floats, strings, None."""
+    dtype = getattr(value, "dtype", None)  # numpy / torch: a 0-d integer, not a bool nor a 1-element array
+    if isinstance(value, bool) or (dtype is not None and ("bool" in str(dtype) or getattr(value, "ndim", 0) != 0)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _field(state: Mapping[str, Any], key: str, low: int, high: int, what: str) -> int:
+    """state[key], an int in [low, high]; else one ValueError naming the key, the value and the range."""
+    number = _integer(state[key])
+    if number is None or not low <= number <= high:
+        raise ValueError(
+            f"state['{key}']: expected an int in [{low}, {high}] ({what}), found {_shown(state[key])}; {STATE_HELP}"
+        )
+    return number
+
+
+def _topology(value: Any) -> tuple[int, int, int]:
+    """A saved (world_size, workers, batch size): three ints in [1, MAX_TOPOLOGY]."""
+    numbers = [_integer(v) for v in value] if isinstance(value, (list, tuple)) else []
+    if len(numbers) != 3 or not all(n is not None and 1 <= n <= MAX_TOPOLOGY for n in numbers):
+        raise ValueError(
+            f"state['topology']: expected [world_size, num_workers, batch_size], three ints in [1, {MAX_TOPOLOGY}] "
+            f"(saved by state_dict()), found {_shown(value)}; {STATE_HELP}"
+        )
+    return (int(numbers[0] or 0), int(numbers[1] or 0), int(numbers[2] or 0))

@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # `make docs`: regenerate docs/params.md from the params models (tests/test_docs.py fails when it is stale).
-.PHONY: run test lint docs serve server remote-local remote-s3 bench clean
+.PHONY: run test lint docs serve server remote-local remote-s3 bench clean compact
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ lint: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/python -m tasks.common.params_doc
+
+# `make compact`: the curation overlay folded into shards any Parquet tool reads with the current labels, in
+# data/compacted/<split>/ (`make compact OUT=data/elsewhere`: another directory inside the project).
+compact: $(STAMP)
+	$(BIN)/python -m tasks.curate.compact $(if $(OUT),--out $(OUT))
 
 clean:
 	rm -rf data .venv

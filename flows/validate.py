@@ -56,8 +56,9 @@ def validate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
         where["reports"] / report.CONTACT_SHEET,
         cfg.contact_sheet_per_class,
         cfg.contact_sheet_classes,
+        where["overlay"],
     )
-    result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg)
+    result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg, where["overlay"])
     result["changes"] = changes.record_version(where["versions"], result.pop("version"))
     write_reports(result, where["reports"], where["metrics"] / METRICS_FILE)
     write_near_dups(result, where["parquet"], where["reports"])

@@ -18,7 +18,8 @@ import pytest
 
 from imagenet_parquet import ParquetImageDataset
 from tasks.common import PipelineError
-from tasks.extract import curate
+from tasks.curate import lines as curate
+from tasks.curate import stage as curate_stage
 from tasks.extract import stage as extract
 from tasks.extract.holdout import holdout_value
 from tasks.validate.dataset_checks import class_table, count_summary
@@ -26,6 +27,7 @@ from tests.helpers.datasets import small_jpeg
 from tests.helpers.docs import readme_params
 from tests.helpers.params import project, write_params
 from tests.helpers.project import copy_project
+from tests.test_curate import curate_out, overlaid, write_converted
 from tests.test_extract import make_tree, run_folder
 from tests.test_remote import _run
 
@@ -94,15 +96,20 @@ def test_subsets_curation_and_relabels_by_folder_name(tmp_path):
     (tmp_path / "exclude.csv").write_text("split,wnid,name,reason\ntrain,café,train0.jpg,blurry\n")
     (tmp_path / "relabel.csv").write_text("split,wnid,name,new_wnid,reason\nval,9,val1.jpg,10,wrong folder\n")
     curation = curate.read_curation(tmp_path / "exclude.csv", tmp_path / "relabel.csv")
-    report = run_folder(tree, tmp_path / "out", classes=str(tmp_path / "classes.txt"), curation=curation)
-    label_map = json.loads((tmp_path / "out/label_map.json").read_text())
+    out = tmp_path / "out"
+    report = run_folder(tree, out, classes=str(tmp_path / "classes.txt"))
+    label_map = json.loads((out / "label_map.json").read_text())
     assert [(c["label"], c["name"], c["wnid"]) for c in label_map["classes"]] == [
         (0, "10", None), (1, "9", None), (2, "café", None), (3, "has space", None)]
-    val = pq.read_table(tmp_path / "out/manifests/val.parquet").to_pylist()
-    assert ("10", "val1.jpg", 0) in [(r["wnid"], r["name"], r["label"]) for r in val]
-    train = pq.read_table(tmp_path / "out/manifests/train.parquet").to_pylist()
-    assert ("café", "train0.jpg") not in [(r["wnid"], r["name"]) for r in train]
-    assert report["curation"]["relabel"]["val"]["by_class"] == {"9->10": 1}
+    curated = curate_out(out, curation)  # the curate stage: the manifests stay as extracted, the overlay moves
+    val = pq.read_table(out / "manifests/val.parquet").to_pylist()
+    assert ("9", "val1.jpg", 1) in [(r["wnid"], r["name"], r["label"]) for r in val]
+    assert ("10", "val1.jpg") in overlaid(out / "parquet", out / "label_map.json", "val")
+    train = pq.read_table(out / "manifests/train.parquet").to_pylist()
+    assert ("café", "train0.jpg") in [(r["wnid"], r["name"]) for r in train]
+    assert ("café", "train0.jpg") not in overlaid(out / "parquet", out / "label_map.json", "train")
+    assert curated["relabel"]["val"]["by_class"] == {"9->10": 1}
+    assert curated["exclude"]["train"]["by_class"] == {"café": 1}
     assert report["catalog"] is None and report["num_classes"] == 4
     (tmp_path / "bad.csv").write_text("split,wnid,name,reason\ntrain,ca\x01fé,train0.jpg,x\n")
     with pytest.raises(PipelineError, match=r"bad.csv:2: expected wnid a class name, found .*control character"):
@@ -236,29 +243,31 @@ def _curated(root: Path, exclude: str = "", relabel: str = "") -> curate.Curatio
     ("val,café,v1.jpg,blurry\n", "", "exclude.csv:2", "expected class café left with images in val"),
     ("", "val,café,v1.jpg,has space,wrong\n", "relabel.csv:2", "expected class café left with images in val"),
     ("", "val,has space,v2.jpg,new name,wrong\n", "relabel.csv:2",
-     "expected new_wnid a class that train has too, found 'new name', which only relabel lines bring into val"),
+     "expected new_wnid a class of the dataset (label_map.json: the classes extract keeps; a relabel never drops), "
+     "found 'new name'"),
 ])
 def test_curation_lines_unbalancing_folder_named_classes_name_the_line(tmp_path, exclude, relabel, line, found):
     tree = tmp_path / "tree"
     make_tree(tree, {"train": {"café": ["t1.jpg"], "has space": ["t2.jpg"]},
                      "val": {"café": ["v1.jpg"], "has space": ["v2.jpg", "v3.jpg"]}})
+    run_folder(tree, tmp_path / "out")
     with pytest.raises(PipelineError) as err:
-        run_folder(tree, tmp_path / "out", curation=_curated(tmp_path, exclude, relabel))
+        curate_out(tmp_path / "out", _curated(tmp_path, exclude, relabel))
     message = str(err.value)
     assert message.startswith(f"{tmp_path}/{line}: ") and found in message, message
-    assert "tree/" not in message and not (tmp_path / "out/manifests").exists()
+    assert "tree/" not in message and not (tmp_path / "out/overlay").exists()
 
 
 def test_a_relabel_by_folder_name_outside_the_subset_is_refused(tmp_path):
     tree = tmp_path / "tree"
     make_tree(tree, {split: {name: [f"{split}{name}.jpg"] for name in ("a b", "c", "é")} for split in ("train", "val")})
     (tmp_path / "classes.txt").write_text("a b\nc\n")
-    with pytest.raises(PipelineError) as err:
-        run_folder(tree, tmp_path / "out", classes=str(tmp_path / "classes.txt"),
-                   curation=_curated(tmp_path, "", "train,c,trainc.jpg,é,wrong\n"))
+    run_folder(tree, tmp_path / "out", classes=str(tmp_path / "classes.txt"))
+    with pytest.raises(PipelineError) as err:  # the label map holds the subset only: é is no class of the dataset
+        curate_out(tmp_path / "out", _curated(tmp_path, "", "train,c,trainc.jpg,é,wrong\n"))
     message = str(err.value)
-    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class extract.classes keeps")
-    assert "found 'é', not in the subset" in message and not (tmp_path / "out/manifests").exists()
+    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class of the dataset")
+    assert "found 'é'" in message and not (tmp_path / "out/overlay").exists()
 
 
 def test_with_a_holdout_curation_may_leave_val_without_a_class(tmp_path):
@@ -277,6 +286,10 @@ def test_with_a_holdout_curation_may_leave_val_without_a_class(tmp_path):
     for split in extract.SPLITS:
         extract.scan_split(job, split)
     report = extract.finalize_job(job)
-    assert report["num_classes"] == 2 and report["curation"]["exclude"]["val"]["lines"] == len(held)
+    assert report["num_classes"] == 2 and "curation" not in report
+    write_converted(job.manifests, job.label_map, setup.path("parquet"), setup.root)
+    curated = curate_stage.write_overlays(curate_stage.job_from_params(setup))  # held out: no class check refuses
+    assert curated["exclude"]["val"]["lines"] == len(held)
     val = pq.read_table(job.manifests / "val.parquet").column("wnid").to_pylist()
-    assert val and set(val) == {"class 1"}
+    assert set(val) == {"class 0", "class 1"}  # the manifests as extracted
+    assert {wnid for wnid, _ in overlaid(setup.path("parquet"), job.label_map, "val")} == {"class 1"}

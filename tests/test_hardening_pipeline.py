@@ -116,41 +116,47 @@ EXCLUDE, RELABEL = "split,wnid,name,reason\n", "split,wnid,name,new_wnid,reason\
 
 
 def _curation(root, exclude="", relabel="", bom=""):
-    from tasks.extract import curate
+    from tests.test_curate import read_lines
 
-    (root / "exclude.csv").write_text(bom + EXCLUDE + exclude, encoding="utf-8")
-    (root / "relabel.csv").write_text(bom + RELABEL + relabel, encoding="utf-8")
-    return curate.read_curation(root / "exclude.csv", root / "relabel.csv")
+    return read_lines(root, exclude, relabel, bom)
 
 
 def _folder_run(root, curation, **options):
+    """extract (folder mode, `options`), then the curate stage with `curation` over the converted output."""
+    from tests.test_curate import curate_out
     from tests.test_extract import make_tree, run_folder
 
     tree = root / "tree"
     make_tree(tree, {"train": {CA: ["a1.JPEG", "a2.JPEG", "a3.JPEG"], CB: ["b1.JPEG"], CC: ["c1.JPEG"]},
                      "val": {CA: ["va.JPEG"], CB: ["vb.JPEG"], CC: ["vc.JPEG"]}})
-    return run_folder(tree, root / "out", curation=curation, **options)
+    report = run_folder(tree, root / "out", **options)
+    return report, curate_out(root / "out", curation)
 
 
 def test_a_curation_csv_with_a_utf8_bom_is_read(tmp_path):
+    from tests.test_curate import overlaid
+
     curation = _curation(tmp_path, f"train,{CA},a2.JPEG,dup\n", f"train,{CA},a1.JPEG,{CC},wrong\n", bom="\ufeff")
     assert [line.name for line in curation.exclude] == ["a2.JPEG"] and curation.relabel[0].new_wnid == CC
-    report = _folder_run(tmp_path, curation)
-    assert report["images"]["train"] == 4 and report["curation"]["relabel"]["train"]["by_class"] == {f"{CA}->{CC}": 1}
+    report, curated = _folder_run(tmp_path, curation)
+    assert report["images"]["train"] == 5 and curated["relabel"]["train"]["by_class"] == {f"{CA}->{CC}": 1}
+    kept = overlaid(tmp_path / "out/parquet", tmp_path / "out/label_map.json", "train")
+    assert len(kept) == 4 and (CC, "a1.JPEG") in kept
 
 
 @pytest.mark.parametrize("exclude, relabel, line, found", [
     (f"val,{CC},vc.JPEG,blurry\n", "", "exclude.csv:2", f"expected class {CC} left with images in val"),
     ("", f"val,{CC},vc.JPEG,{CA},wrong\n", "relabel.csv:2", f"expected class {CC} left with images in val"),
     ("", f"val,{CA},va.JPEG,n01494475,wrong\n", "relabel.csv:2",
-     "expected new_wnid a class that train has too, found 'n01494475', which only relabel lines bring into val"),
+     "expected new_wnid a class of the dataset (label_map.json: the classes extract keeps; a relabel never drops), "
+     "found 'n01494475'"),
 ])
 def test_a_curation_line_that_unbalances_the_classes_is_named_not_the_source(tmp_path, exclude, relabel, line, found):
     with pytest.raises(PipelineError) as err:
         _folder_run(tmp_path, _curation(tmp_path, exclude, relabel))
     message = str(err.value)
     assert message.startswith(f"{tmp_path}/{line}: ") and found in message, message
-    assert "tree/" not in message and not (tmp_path / "out/manifests").exists()
+    assert "tree/" not in message and not (tmp_path / "out/overlay").exists()
 
 
 def test_a_relabel_into_a_class_outside_extract_classes_is_refused(tmp_path):
@@ -159,20 +165,23 @@ def test_a_relabel_into_a_class_outside_extract_classes_is_refused(tmp_path):
     with pytest.raises(PipelineError) as err:  # before: dropped silently, reported as relabelled
         _folder_run(tmp_path, curation, classes=str(tmp_path / "classes.txt"))
     message = str(err.value)
-    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class extract.classes keeps")
-    assert f"found '{CC}', not in the subset" in message and not (tmp_path / "out/manifests").exists()
+    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class of the dataset")
+    assert f"found '{CC}'" in message and not (tmp_path / "out/overlay").exists()
 
 
 def test_a_relabel_into_a_class_not_in_the_devkit_names_the_curation_line(tmp_path):
     from tests.helpers.archives import run_extract, small_release
 
+    from tests.test_curate import curate_out
+
     small_release(tmp_path / "raw")  # a devkit of 4 classes
     curation = _curation(tmp_path, "", "train,n01440764,n01440764_1.JPEG,n01494475,wrong\n")
-    with pytest.raises(PipelineError) as err:
-        run_extract(tmp_path / "raw", tmp_path / "out", curation=curation)
+    run_extract(tmp_path / "raw", tmp_path / "out")
+    with pytest.raises(PipelineError) as err:  # the label map holds the devkit's classes: n01494475 is none
+        curate_out(tmp_path / "out", curation)
     message = str(err.value)
-    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class listed in ")
-    assert "ILSVRC2012_devkit_t12.tar.gz" in message and "found 'n01494475'" in message
+    assert message.startswith(f"{tmp_path}/relabel.csv:2: expected new_wnid a class of the dataset")
+    assert "found 'n01494475'" in message and not (tmp_path / "out/overlay").exists()
 
 
 # ---------------------------------------------------------------- item 11: changes.json from the key sets

@@ -14,10 +14,11 @@ from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index, footer_metadata
 from imagenet_parquet.indexed import IndexedReader
 from tasks.common import PipelineError
-from tasks.convert.distribute import run_local
 from tasks.convert import writer as shard_module
+from tasks.convert.distribute import run_local
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import make_dataset, make_job, sample_dataset, write_shards
+from tests.helpers.overlays import write_test_overlay
 from tests.helpers.params import validate_section
 
 
@@ -42,6 +43,7 @@ def converted(sample_release, tmp_path_factory) -> Path:
     sample_dataset(root, sample_release)
     job = make_job(root, row_group_rows=7)
     run_local(job, progress=False)
+    write_test_overlay(job.parquet)  # what the curate stage writes without curation lines
     return job.parquet
 
 
@@ -113,6 +115,7 @@ def test_validate_passes_indexed_shards_and_names_unindexed_ones(tmp_path):
     ds = make_dataset(tmp_path / "ds").write()
     shard = sorted((ds.parquet_dir / "train").glob("*.parquet"))[0]
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(pq.read_table(shard).to_pylist()))
+    write_test_overlay(ds.parquet_dir)  # the shard rewritten: curate again
     report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section())
     check = next(c for c in report["checks"] if c["name"] == "image_index")
     assert report["status"] == "pass" and check["status"] == "pass"

@@ -19,7 +19,8 @@ from tasks.convert.distribute import run_local
 from tasks.convert.fingerprint import fingerprint, stored_fingerprint
 from tasks.convert.imaging import BadImage
 from tasks.convert.job import job_from_params
-from tasks.extract import curate
+from tasks.curate import lines as curation_lines
+from tasks.curate import stage as curate
 from tasks.extract import stage as extract
 from tasks.validate.near_dup import band_plan, near_duplicate_check, near_pairs, popcount
 from tasks.validate.near_dup_outputs import EXCLUDE_CSV, EXCLUDE_HEADER, NEAR_DUPLICATES_PNG, write_near_duplicate_outputs
@@ -28,6 +29,7 @@ from tasks.validate.stage import raise_if_failed, run_validation
 from tests.helpers.datasets import make_dataset
 from tests.helpers.params import project, validate_section
 from tests.helpers.planted import EDITS, plant, real_images, sample_images
+from tests.test_validate_overlay import write_test_overlay
 
 DEFAULT = validate_section()
 BASES = 20  # images planted with every edit
@@ -157,7 +159,8 @@ def planted(tmp_path_factory, request):
         extract.scan_folder_split_to(split, tree, where["work"] / "extract", root=root)
     extract.finalize(where["work"] / "extract", where["manifests"], where["label_map"], mode="folder")
     run_local(job_from_params(setup.params.convert, where, root=root), progress=False)
-    report = run_validation(where["parquet"], where["manifests"], where["label_map"], DEFAULT)
+    curate.write_overlays(curate.job_from_params(setup))  # no curation lines yet
+    report = run_validation(where["parquet"], where["manifests"], where["label_map"], DEFAULT, where["overlay"])
     return report, expected, where
 
 
@@ -187,7 +190,7 @@ def test_planted_near_duplicates_are_found_and_warned_naming_the_file(planted):
 def test_planted_near_duplicates_fail_above_max_pairs(planted):
     _, _, where = planted
     strict = validate_section(near_duplicates_max_pairs=0)
-    report = run_validation(where["parquet"], where["manifests"], where["label_map"], strict)
+    report = run_validation(where["parquet"], where["manifests"], where["label_map"], strict, where["overlay"])
     assert _near(report)["status"] == "fail"
     with pytest.raises(PipelineError, match=r"near_duplicates: .*tolerated: 0 = max\(params\.yaml validate\.near_duplicates_max_pairs 0, validate\.near_duplicates_chance_margin 20 x expected\)\) — e\.g\. val n\d{8}/ILSVRC2012_val_\d{8}\.JPEG"):
         raise_if_failed(report, where["reports"])
@@ -264,6 +267,7 @@ def test_fingerprint_off_computes_none_and_validate_says_near_duplicates_were_no
         own = own_metadata(table.schema.metadata)
         assert table.column("phash").null_count == len(table) > 0
         assert own["convert_params"]["fingerprint"] is False and own["fingerprint_algorithm"] is None
+    write_test_overlay(job.parquet)
     report = run_validation(job.parquet, job.manifests, job.label_map, DEFAULT)
     check = _near(report)
     assert check["status"] == "warn" and check["message"].startswith("not checked: convert.fingerprint is false")
@@ -288,22 +292,22 @@ def _schema_without_phash(dataset, split):
 
 
 def test_the_exclude_list_applied_through_curation_gives_a_version_without_the_leak(planted, tmp_path):
-    """Issue 15's loop closed with issue 12's curation: the candidate list, copied unchanged into the curation
-    exclude file, drops every paired val image in extract; the next version's check finds no pair."""
+    """Issue 15's loop closed with curation (issue 27: merge-on-read): the candidate list, copied unchanged into
+    the curation exclude file, drops every paired val image in the curate stage's overlay — no shard rewritten —
+    and the next validation finds no pair."""
     report, _, where = planted
     written = write_near_duplicate_outputs(report, where["parquet"], tmp_path / "reports")
     exclude = tmp_path / "exclude.csv"
     exclude.write_bytes(written[1].read_bytes())
-    curation = curate.read_curation(exclude, None)
-    root = where["manifests"].parents[1]  # the planted project (paths.manifests: data/manifests)
-    assert (root / "tree").is_dir()
-    extract.finalize(where["work"] / "extract", tmp_path / "manifests", tmp_path / "label_map.json",
-                     mode="folder", root=root, curation=curation)
+    shards = {p: p.read_bytes() for p in sorted(where["parquet"].rglob("*.parquet"))}
+    lines = curation_lines.read_curation(exclude, None)
+    job = curate.CurateJob(where["parquet"], where["manifests"], where["label_map"], tmp_path / "overlay", lines)
+    curate.write_overlays(job)
     paired = {p["val_name"] for p in report["near_duplicates"]["pairs"]}
-    val = {r["name"] for r in pq.read_table(tmp_path / "manifests" / "val.parquet", columns=["name"]).to_pylist()}
-    assert paired and not paired & val
-    out = {"manifests": tmp_path / "manifests", "label_map": tmp_path / "label_map.json",
-           "parquet": tmp_path / "parquet", "work": tmp_path / "work", "metrics": tmp_path / "metrics"}
-    run_local(job_from_params(project(root).params.convert, {**where, **out}, root=root), progress=False)
-    again = run_validation(out["parquet"], out["manifests"], out["label_map"], DEFAULT)
+    assert paired and {p: p.read_bytes() for p in shards} == shards
+    val = {r["name"] for r in pq.read_table(where["manifests"] / "val.parquet", columns=["name"]).to_pylist()}
+    assert paired <= val  # the manifests as extracted: the overlay excludes them
+    again = run_validation(where["parquet"], where["manifests"], where["label_map"], DEFAULT, tmp_path / "overlay")
     assert _near(again)["status"] == "pass" and again["near_duplicates"]["pairs"] == []
+    assert again["splits"]["val"]["excluded"] == len(paired) and again["status"] == "pass"
+    assert again["curation"]["exclude"]["val"]["lines"] == len(paired)

@@ -1,18 +1,24 @@
-"""Extract and plan hold no Python object per image (issue 22, item 3: ImageNet-21k's 13 M images would need
+"""Extract, plan and curate hold no Python object per image (issue 22, item 3: ImageNet-21k's 13 M images would need
 ~10 GB at the ~800 B an image they used to hold as dicts, tuples and lists). Python allocations are traced
 (tracemalloc; Arrow's own buffers are not Python objects and are not counted): from a small input to one 4x
 larger, the peak grows by far less than one small object per added row (batches and one shard's or one class's
-rows at a time are a constant)."""
+rows at a time are a constant); the curate stage's per-row numpy arrays (labels, keep flags) are counted exactly."""
 from __future__ import annotations
 
+import json
 import tracemalloc
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from imagenet_parquet.format import IMAGE_TYPE, class_ids, shard_schema
 from tasks.convert.plan import order_rows, plan_split
-from tasks.extract import curate
+from tasks.curate import lines as curate
+from tasks.curate import stage
 from tasks.extract.folder_scan import scan_folder_split
 from tasks.extract.stage import STAGING_SCHEMA
+from tests.helpers.datasets import numbered_label_map
 
 ROWS = 280_000  # ROWS // 4 > 65,536 (plan.BATCH): both sizes hold a full batch of names
 PER_ROW = 8  # bytes of Python objects per added row at most (a str alone is ~60 B; the old code held ~800 B)
@@ -55,19 +61,62 @@ def test_planning_holds_no_python_object_per_row():
         assert growth < PER_ROW, (order, growth)
 
 
+LABEL_MAP = numbered_label_map(1000)
+IDS = class_ids(LABEL_MAP)
+
+
+def _split_rows(rows: int) -> stage.SplitRows:
+    """A split of `rows` images over 1000 classes as the curate stage reads it (names as Arrow, labels numpy)."""
+    names = pa.array([f"{IDS[i % 1000]}_{i}.JPEG" for i in range(rows)])
+    return stage.SplitRows([("train-0.parquet", rows, "0" * 64)], names, np.arange(rows, dtype=np.int64) % 1000)
+
+
+def _lines(root) -> curate.Curation:
+    (root / "exclude.csv").write_text(f"split,wnid,name,reason\ntrain,{IDS[3]},{IDS[3]}_3.JPEG,blurry\n")
+    moved = f"train,{IDS[7]},{IDS[7]}_1007.JPEG,{IDS[8]},moved\n"
+    (root / "relabel.csv").write_text(f"split,wnid,name,new_wnid,reason\n{moved}")
+    return curate.read_curation(root / "exclude.csv", root / "relabel.csv")
+
+
 def test_curation_touches_only_the_rows_its_lines_name(tmp_path):
-    table = _manifest(ROWS).select([f.name for f in STAGING_SCHEMA])
-    lines = "split,wnid,name,new_wnid,reason\ntrain,n00000007,n00000007_1007.JPEG,n00000008,moved\n"
-    exclude = "split,wnid,name,reason\ntrain,n00000003,n00000003_3.JPEG,blurry\n"
-    (tmp_path / "exclude.csv").write_text(exclude)
-    (tmp_path / "relabel.csv").write_text(lines)
-    cur = curate.read_curation(tmp_path / "exclude.csv", tmp_path / "relabel.csv")
-    kept, counts = curate.apply_curation("train", table, cur)
-    assert kept.num_rows == ROWS - 1 and counts["exclude"]["by_class"] == {"n00000003": 1}
-    moved = kept.filter(pa.compute.equal(kept.column("name"), "n00000007_1007.JPEG")).column("wnid").to_pylist()
-    assert moved == ["n00000008"]
-    growth = _growth(lambda n: curate.apply_curation("train", table.slice(0, n), cur), ROWS // 4, ROWS)
-    assert growth < PER_ROW, growth
+    """apply_lines: the labels and keep flags it returns (8 + 1 B a row, numpy) and no Python object per row."""
+    rows = {n: _split_rows(n) for n in (ROWS // 4, ROWS)}
+    cur = _lines(tmp_path)
+    labels, keep, missing = stage.apply_lines("train", rows[ROWS], IDS, cur, tmp_path / "no-manifests")
+    assert int((~keep).sum()) == 1 and not keep[3] and labels[1007] == 8 and not missing
+    assert int((labels != rows[ROWS].labels).sum()) == 1
+    growth = _growth(lambda n: stage.apply_lines("train", rows[n], IDS, cur, tmp_path), ROWS // 4, ROWS)
+    assert growth < 9 + 1, growth
+
+
+def _converted(root, rows: int) -> stage.CurateJob:
+    """Shards as the curate stage reads them (`image.path` and `label`; empty image bytes), train `rows` images and
+    val a tenth of that, the label map and the lines of _lines."""
+    root.mkdir()
+    (root / "label_map.json").write_text(json.dumps(LABEL_MAP))
+    for split, count in (("train", rows), ("val", rows // 10)):
+        schema = shard_schema(LABEL_MAP, {}, split, curation="overlay")
+        names = pa.array([f"{IDS[i % 1000]}_{i}.JPEG" for i in range(count)])
+        columns = {f.name: pa.nulls(count, f.type) for f in schema}
+        columns["image"] = pa.StructArray.from_arrays([pa.array([b""] * count, pa.binary()), names],
+                                                      fields=list(IMAGE_TYPE))
+        columns["label"] = pa.array(np.arange(count, dtype=np.int64) % 1000)
+        (root / "parquet" / split).mkdir(parents=True)
+        pq.write_table(pa.Table.from_arrays(list(columns.values()), schema=schema),
+                       root / "parquet" / split / f"{split}-0.parquet", row_group_size=1 << 16)
+    return stage.CurateJob(root / "parquet", root / "manifests", root / "label_map.json", root / "overlay",
+                           _lines(root))
+
+
+def test_the_curate_stage_holds_numpy_columns_not_an_object_per_row(tmp_path):
+    """write_overlays over both splits: per row only numpy columns — the labels as read and with the lines (8 + 8
+    B), the keep flags (1), the overlay's row and shard columns (~16) —, never a Python object (a str is ~60 B)."""
+    jobs = {n: _converted(tmp_path / str(n), n) for n in (ROWS // 4, ROWS)}
+    report = stage.write_overlays(jobs[ROWS])
+    assert [len(report[k]["train"]["by_class"]) for k in ("exclude", "relabel")] == [1, 1]
+    assert pq.read_metadata(jobs[ROWS].overlay / "train.parquet").num_rows == ROWS
+    growth = _growth(lambda n: stage.write_overlays(jobs[n]), ROWS // 4, ROWS) / 1.1  # val: a tenth more rows
+    assert growth < 40, growth
 
 
 def _tree(root, classes: int, per_class: int = 200):
@@ -89,10 +138,10 @@ def test_the_folder_scan_keeps_arrow_columns_not_a_dict_per_image(tmp_path):
     assert growth < PER_ROW, growth  # one class of dicts at a time
 
 
-def test_curation_without_exclusions_keeps_the_table_uncopied():
-    table = _manifest(1000).select([f.name for f in STAGING_SCHEMA])
-    kept, counts = curate.apply_curation("train", table, curate.Curation())
-    assert kept is table and counts["exclude"]["lines"] == 0
+def test_curation_without_lines_reads_no_manifest_and_keeps_every_label(tmp_path):
+    rows = _split_rows(1000)
+    labels, keep, missing = stage.apply_lines("train", rows, IDS, curate.Curation(), tmp_path / "no-such-dir")
+    assert np.array_equal(labels, rows.labels) and keep.all() and missing == []
 
 
 def _arrow_peak(run) -> int:

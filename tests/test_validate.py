@@ -19,10 +19,16 @@ from tasks.validate.stage import raise_if_failed, run_validation
 from tests.helpers.datasets import Dataset, make_dataset, set_bytes, write_shards
 from tests.helpers.images import jpeg
 from tests.helpers.params import validate_section
+from tests.test_validate_overlay import write_test_overlay
 
 
-def _run(ds: Dataset, **params: Any) -> dict[str, Any]:
-    return run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section(**params))
+def _run(ds: Dataset, overlay: bool = True, **params: Any) -> dict[str, Any]:
+    """Validate the dataset with an overlay that changes nothing, made for its shards as they are (`overlay`
+    False: the one already written)."""
+    if overlay:
+        write_test_overlay(ds.parquet_dir, ds.root / "overlay")
+    return run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section(**params),
+                          ds.root / "overlay")
 
 
 def _checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -236,17 +242,21 @@ def test_decode_sample_is_deterministic_and_bounded(tmp_path):
 
 def test_missing_inputs_name_the_file_and_the_stage_to_run(tmp_path):
     ds = make_dataset(tmp_path / "ds").write()
+    write_test_overlay(ds.parquet_dir, ds.root / "overlay")
     shard = ds.parquet_dir / "val" / "val-00000-of-00001.parquet"
     shard.write_bytes(b"not parquet")
     with pytest.raises(PipelineError, match="val-00000-of-00001.parquet: expected a Parquet shard"):
-        _run(ds)
+        _run(ds, overlay=False)
     ds.write()
     (ds.parquet_dir / "bad_images.jsonl").unlink()
     with pytest.raises(PipelineError, match="bad_images.jsonl: expected .* run `dvc repro convert`"):
-        _run(ds)
+        _run(ds, overlay=False)
     (ds.manifests_dir / "val.parquet").unlink()
     with pytest.raises(PipelineError, match="val.parquet: expected the val manifest"):
-        _run(ds)
+        _run(ds, overlay=False)
+    (ds.root / "overlay" / "val.parquet").unlink()
+    with pytest.raises(PipelineError, match="val.parquet: expected the val curation overlay .* `dvc repro curate`"):
+        _run(ds, overlay=False)
 
 
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.helpers.datasets import make_dataset
+from tests.test_validate_overlay import write_test_overlay
 
 
 def _sh(project, *cmd: str) -> str:
@@ -29,6 +30,7 @@ def test_dvc_stage_metrics_plots_and_diffs(prefect_api, project_copy):
     project = project_copy
     ds = make_dataset(project / "data")
     ds.write()
+    write_test_overlay(ds.parquet_dir)  # data/overlay (paths.overlay): what the curate stage writes
     _sh(project, "dvc", "repro", "--single-item", "validate")
     shown = json.loads(_sh(project, "dvc", "metrics", "show", "--json"))
     metrics = next(iter(shown.values()))["data"]["data/metrics/validate.json"]["data"]
@@ -42,6 +44,7 @@ def test_dvc_stage_metrics_plots_and_diffs(prefect_api, project_copy):
     _commit(project, "validated")
     ds.drop("val", 2)
     ds.write()
+    write_test_overlay(ds.parquet_dir)
     params = yaml.safe_load((project / "params.yaml").read_text())
     old_examples = params["validate"]["report_examples"]
     params["validate"]["report_examples"] = old_examples + 1

@@ -11,6 +11,7 @@ from flows.validate import ARTIFACT_KEYS, validate_flow
 from tests.helpers.datasets import make_dataset
 from tests.helpers.deployments import artifacts, table
 from tests.helpers.params import validate_section, write_params
+from tests.test_validate_overlay import write_test_overlay
 
 
 def _project(root: Path, **params) -> Path:
@@ -19,7 +20,8 @@ def _project(root: Path, **params) -> Path:
 
 
 def test_flow_writes_reports_and_keyed_artifacts(prefect_api, tmp_path):
-    make_dataset(tmp_path / "data").write()
+    ds = make_dataset(tmp_path / "data").write()
+    write_test_overlay(ds.parquet_dir)  # data/overlay: paths.overlay
     state = validate_flow(params_file=str(_project(tmp_path)), return_state=True)
     assert state.is_completed(), state
     reports = tmp_path / "data" / "reports"
@@ -43,6 +45,7 @@ def test_stage_command_fails_with_a_summary_after_writing_the_reports(prefect_ap
     ds = make_dataset(tmp_path / "data")
     ds.drop("val", 1)
     ds.write()
+    write_test_overlay(ds.parquet_dir)
     _project(tmp_path)
     done = subprocess.run([sys.executable, "-m", "flows.validate"], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PREFECT_API_URL": prefect_api}, timeout=180)

@@ -9,6 +9,7 @@ from tasks.common.layout import EXTRACT_REPORT
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import Dataset, make_dataset
 from tests.helpers.params import validate_section
+from tests.test_validate_overlay import write_test_overlay
 
 HOLDOUT = {"fraction": 0.02, "seed": 0, "images": {"train": 12, "val": 4}}
 BOUNDS = {"val_count": [0, 50]}  # class_counts: a class with no val image is within the bounds
@@ -19,7 +20,8 @@ def _class_set(ds: Dataset, holdout: dict[str, Any] | None) -> dict[str, Any]:
     if holdout is not None:  # what the extract stage writes when extract.holdout is set
         report = {"mode": "folder", "holdout": holdout}
         (ds.manifests_dir / EXTRACT_REPORT).write_text(json.dumps(report), encoding="utf-8")
-    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section(**BOUNDS))
+    overlay = write_test_overlay(ds.parquet_dir, ds.root / "overlay")
+    report = run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path, validate_section(**BOUNDS), overlay)
     return next(c for c in report["checks"] if c["name"] == "class_set")
 
 

@@ -1,4 +1,4 @@
-"""The built-in sample through extract → convert → validate (the stages' function APIs, no Prefect): it passes,
+"""The built-in sample through extract → convert → curate → validate (the stages' function APIs, no Prefect): it passes,
 and the contact sheet shows every class of train and val."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from PIL import Image
 from tasks.common import ARCHIVES
 from tasks.convert.distribute import run_local
 from tasks.convert.job import job_from_params
+from tasks.curate import stage as curate
 from tasks.extract import stage as extract
 from tasks.validate.contact_sheet import write_contact_sheet
 from tasks.validate.report import write_reports
@@ -23,9 +24,10 @@ def test_sample_through_extract_convert_validate_passes(sample_release, tmp_path
         extract.scan_archive_split(split, where["raw"] / ARCHIVES[split], staging, root=tmp_path)
     extract.finalize(staging, where["manifests"], where["label_map"], devkit_path=where["raw"] / ARCHIVES["devkit"])
     run_local(job_from_params(params.convert, where, root=tmp_path), progress=False)
+    curate.write_overlays(curate.job_from_params(setup))  # no curation lines: the overlay changes nothing
 
     cfg = params.validation.model_copy(update={"decode_sample": "all"})
-    report = run_validation(where["parquet"], where["manifests"], where["label_map"], cfg)
+    report = run_validation(where["parquet"], where["manifests"], where["label_map"], cfg, where["overlay"])
     assert report["status"] == "pass", [c["message"] for c in report["checks"] if c["status"] != "pass"]
     assert report["near_duplicates"]["checked"] and report["near_duplicates"]["pairs"] == []  # synthetic: >= 16 bits
     sample = params.sample

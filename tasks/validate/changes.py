@@ -1,10 +1,13 @@
 """What changed since the previous version: a small per-version index, tracked in git, and the difference.
 
-`version_index` summarises a version from the validated metadata (no image bytes): per split and class the count
-and a digest of its (image, sha256) pairs, per shard a digest of its rows, and the curation lines applied
-(extract_report.json). `record_version` keeps `<versions>/index.json` = {"current", "previous"}: when the index
-of this run differs from the recorded current one, that one becomes the previous version; a rerun of the same
-version (CI on a fresh clone) keeps the previous one, so the report shows the change the commit brought.
+`version_index` summarises a version from the validated metadata (no image bytes): per split and class the count and
+a digest of its (image, sha256) pairs — of the merged view, the shards with the curation overlay applied, so a
+relabel or an exclusion changes its classes —, per shard a digest of its rows as stored (the labels as converted: a
+curation-only change rewrites no shard, only the overlay), and the curation lines the curate stage applied to images
+in the shards (`<paths.overlay>/curation.json`: `applied` less `not_in_shards`, the lines naming images convert
+quarantined, which change no count). `record_version` keeps `<versions>/index.json` = {"current", "previous"}: when
+the index of this run differs from the recorded current one, that one becomes the previous version; a rerun of the
+same version (CI on a fresh clone) keeps the previous one, so the report shows the change the commit brought.
 `<versions>/changes.json` holds the counts (a DVC metric: `dvc metrics diff` shows them).
 
 Why an index in git rather than the previous commit's dvc.lock read through DVC: the lock records a directory
@@ -31,28 +34,38 @@ def _digest(values: Any) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def version_index(meta: pd.DataFrame, label_map: dict[str, Any], extract_report: dict[str, Any]) -> dict[str, Any]:
-    """The index of this version (deterministic: sorted, no timestamps)."""
+def version_index(
+    stored: pd.DataFrame, merged: pd.DataFrame, label_map: dict[str, Any], curation: dict[str, Any]
+) -> dict[str, Any]:
+    """The index of this version (deterministic: sorted, no timestamps): classes of the `merged` view (the rows
+    kept, labels now), shards of the rows `stored`, curation lines of curation.json."""
     labels = _digest([[c["label"], c["wnid"], c.get("name")] for c in label_map["classes"]])
     index: dict[str, Any] = {"label_map": labels, "classes": {}, "shards": {}}
     for split in SPLITS:
-        rows = meta[meta["split"] == split]
+        rows, kept = stored[stored["split"] == split], merged[merged["split"] == split]
         index["classes"][split] = {
             wnid: {
                 "count": len(group),
                 "digest": _digest(sorted(zip(group["image_path"], group["sha256"], strict=True))),
             }
-            for wnid, group in sorted(rows.groupby("wnid"), key=lambda item: str(item[0]))
+            for wnid, group in sorted(kept.groupby("wnid"), key=lambda item: str(item[0]))
         }
         index["shards"][split] = {
             str(shard): _digest([labels, group[["image_path", "label", "sha256"]].values.tolist()])
             for shard, group in sorted(rows.groupby("shard"), key=lambda item: str(item[0]))
         }
-    applied = extract_report.get("curation", {}).get("applied", [])
-    index["curated"] = sorted(
-        [line["kind"], line["split"], line["wnid"], line["name"], line.get("new_wnid")] for line in applied
-    )
+    index["curated"] = curated_lines(curation)
     return index
+
+
+def curated_lines(curation: dict[str, Any]) -> list[list[Any]]:
+    """[kind, split, wnid, name, new_wnid] of every line applied to an image in the shards, sorted."""
+    absent = {(x["split"], x["wnid"], x["name"]) for x in curation.get("not_in_shards", [])}
+    return sorted(
+        [line["kind"], line["split"], line["wnid"], line["name"], line.get("new_wnid")]
+        for line in curation.get("applied", [])
+        if (line["split"], line["wnid"], line["name"]) not in absent
+    )
 
 
 def record_version(versions_dir: Path, current: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,9 @@ DESCRIPTIONS = {
     "sha256_hex": "sha256 is 64 lower-case hex digits (pandera)",
     "exif_orientation_range": "exif_orientation is 1..8 (pandera)",
     "transform_values": "transform is `none` or `+`-joined known steps (pandera)",
+    "overlay_matches_shards": "each split's curation overlay (paths.overlay, the curate stage) was made for exactly "
+    "these shards (names, row counts, footer SHA-256) and is intact; class_set, class_counts, leakage, "
+    "near_duplicates and the decode sample see the merged view (labels now, excluded images dropped)",
     "class_set": "train and val hold the same classes: every class of the label map (val held out of train by "
     "params extract.holdout: a class with no val image warns)",
     "class_counts": "images per class within params validate.train_count / val_count",

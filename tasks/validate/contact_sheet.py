@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from imagenet_parquet.format import FormatError, class_ids, decode_image_index, read_indexed, read_label_map
+from imagenet_parquet.overlay import OVERLAY_DIR, read_overlay
 from tasks.common import SPLITS, atomic_path
 from tasks.common.params import path_key
 from tasks.validate.scan import iter_row_groups, list_shards
@@ -28,6 +29,7 @@ CELL = THUMB + 4
 CAPTION_WIDTH = 260
 MARGIN, GAP, HEADER = 8, 16, 24
 Picks = dict[tuple[str, int], list[tuple[Path, int]]]
+Overlaid = dict[str, tuple[np.ndarray, np.ndarray]]  # shard name -> (labels now, keep) of its rows
 
 
 def shown_labels(num_classes: int, max_classes: int) -> list[int]:
@@ -39,20 +41,43 @@ def shown_labels(num_classes: int, max_classes: int) -> list[int]:
     return sorted({round(i * (num_classes - 1) / (max_classes - 1)) for i in range(max_classes)})
 
 
-def select_rows(shards: dict[str, list[Path]], labels: list[int], per_class: int) -> Picks:
+def select_rows(
+    shards: dict[str, list[Path]], labels: list[int], per_class: int, overlays: dict[str, Overlaid] | None = None
+) -> Picks:
     """The first `per_class` rows of each shown label per split, in shard order (reads the label column only,
-    of the shards up to the one that fills the last pick: in hashed order a few of ImageNet-21k's ~5,000)."""
+    of the shards up to the one that fills the last pick: in hashed order a few of ImageNet-21k's ~5,000).
+    `overlays`: per split the curation overlay's labels and keep flags by shard (`overlaid`): rows by their label
+    now, excluded rows never shown."""
     picks: defaultdict[tuple[str, int], list[tuple[Path, int]]] = defaultdict(list)
     for split in SPLITS:
         for path in shards[split]:
             if all(len(picks[split, label]) >= per_class for label in labels):
                 break
             column = pq.read_table(path, columns=["label"]).column("label").to_numpy(zero_copy_only=False)
+            now, keep = (overlays or {}).get(split, {}).get(path.name, (column, None))
+            if keep is not None and len(keep) == len(column):  # else another shard: validate's overlay check fails
+                column = np.where(keep, now, -1)
             for row in np.flatnonzero(np.isin(column, labels)):
                 label = int(column[row])
                 if len(picks[split, label]) < per_class:
                     picks[split, label].append((path, int(row)))
     return {key: rows for key, rows in picks.items() if rows}
+
+
+def overlaid(overlay_dir: Path, split: str) -> Overlaid:
+    """shard name -> (labels now, keep) from the split's curation overlay; {} when there is none or it cannot be
+    read (the sheet then shows the shards as converted; validate's overlay check names the problem)."""
+    try:
+        meta, table = read_overlay(overlay_dir / f"{split}.parquet")
+    except FormatError:
+        return {}
+    labels = table.column("label").to_numpy()
+    keep = table.column("keep").to_numpy(zero_copy_only=False)
+    ends = np.cumsum([int(s[1]) for s in meta["shards"]])
+    return {
+        str(s[0]): (labels[end - int(s[1]) : end], keep[end - int(s[1]) : end])
+        for s, end in zip(meta["shards"], ends, strict=True)
+    }
 
 
 def thumbnail(data: bytes | memoryview) -> Image.Image | None:
@@ -146,12 +171,19 @@ def _paste(
 
 
 def write_contact_sheet(
-    parquet_dir: str | Path, label_map_path: str | Path, out_png: str | Path, per_class: int, max_classes: int
+    parquet_dir: str | Path,
+    label_map_path: str | Path,
+    out_png: str | Path,
+    per_class: int,
+    max_classes: int,
+    overlay_dir: str | Path | None = None,
 ) -> Path:
-    """Write the contact sheet PNG atomically; returns its path."""
+    """Write the contact sheet PNG atomically — of the merged view, the curation overlay in `overlay_dir` (None:
+    `<parquet_dir>/../overlay`, where readers find it) applied; returns its path."""
     label_map = read_label_map(label_map_path)
     labels = shown_labels(label_map["num_classes"], max_classes)
-    picks = select_rows(list_shards(parquet_dir), labels, per_class)
+    where = Path(overlay_dir) if overlay_dir is not None else Path(parquet_dir).parent / OVERLAY_DIR
+    picks = select_rows(list_shards(parquet_dir), labels, per_class, {s: overlaid(where, s) for s in SPLITS})
     sheet = draw_sheet(label_map, labels, picks, read_thumbnails(picks), per_class)
     with atomic_path(out_png, path_key("reports")) as tmp:
         sheet.save(tmp, "PNG")

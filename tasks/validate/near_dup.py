@@ -34,6 +34,7 @@ BITS = 64
 MAX_BAND_BITS = 22  # a dense table of 2**22 int64 counts (32 MiB) per band at most
 CANDIDATE_BLOCK = 1 << 23  # candidates verified per step: bounds memory (~0.5 GiB of temporaries)
 VERIFY_COST = 3.0  # a verified candidate costs ~3 lookups (gather, xor, popcount, compare)
+Views = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (labels now, keep) of every row, in shard order
 PAIR_COLUMNS = ["val_name", "val_wnid", "val_label", "train_name", "train_wnid", "train_label", "distance"]
 
 
@@ -161,16 +162,21 @@ def unchecked_reason(schema: pa.Schema) -> str | None:
 
 @dataclass(frozen=True)
 class Fingerprints:
-    """One split's fingerprints, in shard order: `frame` holds phash (uint64), valid, label (int32), shard (an
-    index into `shards`) and row (int32) — ~21 B a row; names and classes are read for the pairs found only."""
+    """One split's fingerprints, in shard order: `frame` holds phash (uint64), valid (false also for a row the
+    overlay excludes), label (int32: the label now, the overlay's), source (int32: the label as converted — the
+    class as found, which names the image in curation lines), shard (an index into `shards`) and row (int32) —
+    ~25 B a row; names are read for the pairs found only."""
 
     frame: pd.DataFrame
     shards: list[Path]
 
 
-def read_fingerprints(parquet_dir: str | Path) -> tuple[dict[str, Fingerprints], str | None]:
+def read_fingerprints(
+    parquet_dir: str | Path, views: Views | None = None
+) -> tuple[dict[str, Fingerprints], str | None]:
     """Per split the Fingerprints; or none and the `unchecked_reason` of the first shard whose fingerprints
-    cannot be searched. Reads the `phash` and `label` columns only (not `image.path`: ~100 B a row as strings)."""
+    cannot be searched. Reads the `phash` and `label` columns only (not `image.path`: ~100 B a row as strings).
+    `views`: per split the overlay's (labels, keep) of every row in shard order (None: the shards as converted)."""
     found: dict[str, Fingerprints] = {}
     for split, paths in list_shards(parquet_dir).items():
         parts = []
@@ -192,14 +198,20 @@ def read_fingerprints(parquet_dir: str | Path) -> tuple[dict[str, Fingerprints],
                     }
                 )
             )
-        found[split] = Fingerprints(pd.concat(parts, ignore_index=True), list(paths))
+        frame = pd.concat(parts, ignore_index=True)
+        frame["source"] = frame["label"]
+        if views is not None and split in views:
+            labels, keep = views[split]
+            frame["label"] = np.asarray(labels).astype(np.int32)
+            frame["valid"] &= np.asarray(keep, dtype=bool)
+        found[split] = Fingerprints(frame, list(paths))
     return found, None
 
 
 def _named(prints: Fingerprints, rows: pd.DataFrame, classes: list[str] | None) -> pd.DataFrame:
-    """`rows` (of prints.frame) with name (image.path), wnid (the class as found: the label map's class id by
-    label — the folder name of a dataset not named by wnids — else the shard's column) and shard as a file name,
-    read from their shards only."""
+    """`rows` (of prints.frame) with name (image.path), wnid (the class as found, as curation lines name the
+    image: the label map's class id of the label as converted — the folder name of a dataset not named by wnids —
+    else the shard's column), label (the label now) and shard as a file name, read from their shards only."""
     names = np.empty(len(rows), dtype=object)
     wnids = np.empty(len(rows), dtype=object)
     for shard, at in rows.groupby("shard").indices.items():
@@ -207,10 +219,10 @@ def _named(prints: Fingerprints, rows: pd.DataFrame, classes: list[str] | None) 
         take = pa.array(rows["row"].to_numpy()[at])
         names[at] = table.column("image").combine_chunks().field("path").take(take).to_numpy(zero_copy_only=False)
         wnids[at] = table.column("wnid").take(take).to_numpy(zero_copy_only=False)
-    labels = rows["label"].to_numpy()
+    labels, source = rows["label"].to_numpy(), rows["source"].to_numpy()
     if classes is not None:
-        known = (labels >= 0) & (labels < len(classes))  # a label out of range (failed elsewhere) keeps the shard's
-        wnids[known] = np.array(classes, dtype=object)[labels[known]]
+        known = (source >= 0) & (source < len(classes))  # a label out of range (failed elsewhere) keeps the shard's
+        wnids[known] = np.array(classes, dtype=object)[source[known]]
     shard_names = np.array([p.name for p in prints.shards], dtype=object)[rows["shard"].to_numpy()]
     return pd.DataFrame(
         {
@@ -259,13 +271,14 @@ def train_groups(prints: dict[str, Fingerprints], distance: int) -> dict[str, in
 
 # ---------------------------------------------------------------- the check
 def near_duplicate_check(
-    parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None
+    parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None, views: Views | None = None
 ) -> tuple[CheckResult, dict[str, Any]]:
     """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups, the
     chance level and the tolerance: tasks.validate.near_dup_tolerance); `classes`: the label map's class ids by
-    label (see _named)."""
+    label (see _named); `views`: the overlay's (labels, keep) per split — an excluded image is neither searched
+    nor counted, and `cross_class` compares the labels now."""
     distance, train_distance = params.near_duplicates_distance, params.near_duplicates_train_distance
-    prints, reason = read_fingerprints(parquet_dir)
+    prints, reason = read_fingerprints(parquet_dir, views)
     if reason is not None:
         section = {"checked": False, "reason": reason, "distance": distance, "pairs": []}
         return CheckResult("near_duplicates", "warn", f"not checked: {reason}"), section

@@ -157,19 +157,12 @@ def _summary_section(report: dict[str, Any]) -> list[str]:
 
 def _counts_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Counts per split", ""]
+    header = ["split", "shards", "rows", "manifest rows", "quarantined", "excluded", "relabelled", "classes"]
+    keys = [k.replace(" ", "_") for k in header[1:]]  # rows: in the shards; excluded / relabelled: by the overlay
     lines += _table(
-        ["split", "shards", "rows", "manifest rows", "quarantined", "classes", "image MB", "decoded"],
+        [*header, "image MB", "decoded"],
         [
-            [
-                s,
-                v["shards"],
-                v["rows"],
-                v["manifest_rows"],
-                v["quarantined"],
-                v["classes"],
-                f"{v['image_bytes'] / 1e6:.1f}",
-                v["decoded"],
-            ]
+            [s, *(v.get(k, 0) for k in keys), f"{v['image_bytes'] / 1e6:.1f}", v["decoded"]]
             for s, v in report["splits"].items()
         ],
     )

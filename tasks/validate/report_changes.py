@@ -38,8 +38,9 @@ def _moved(row: dict[str, Any]) -> int:
 
 
 def _curation_section(report: dict[str, Any]) -> list[str]:
-    """The curation lines the extract stage applied (params.yaml curate:), by reason, with the classes they touch
-    most (the first report_examples by images, then by name)."""
+    """The curation lines the curate stage applied (params.yaml curate:, the overlay's curation.json), by reason,
+    with the classes they touch most (the first report_examples by images, then by name), and the lines naming
+    images convert quarantined (nothing to apply)."""
     cur, limit = report.get("curation") or {}, table_rows(report)
     rows = []
     for kind in ("exclude", "relabel"):
@@ -53,7 +54,12 @@ def _curation_section(report: dict[str, Any]) -> list[str]:
             ]
     files = ", ".join(f"{k}: `{v}`" for k, v in sorted((cur.get("files") or {}).items()))
     lines = ["## Curation applied", "", f"Files: {files or 'none'}.", ""]
-    return lines + (_table(["kind", "split", "reason", "images", "classes"], rows) if rows else ["No lines.", ""])
+    lines += _table(["kind", "split", "reason", "images", "classes"], rows) if rows else ["No lines.", ""]
+    absent = [f"{x['split']}/{x['wnid']}/{x['name']}" for x in cur.get("not_in_shards") or []]
+    if absent:
+        quarantined = "image(s) convert quarantined (bad_images.jsonl): nothing to apply"
+        lines += [f"{len(absent)} line(s) name {quarantined} — {shown_names(absent, limit)}.", ""]
+    return lines
 
 
 def _changes_section(report: dict[str, Any]) -> list[str]:

@@ -2,7 +2,8 @@
 
 `run_validation` reads the inputs (docs/CONTRACTS.md), runs every check and returns the report dict;
 `write_reports` (tasks.validate.report) and `write_contact_sheet` (tasks.validate.contact_sheet) write the outputs;
-`raise_if_failed` ends the stage with a short summary when a check failed — after the reports are written."""
+`raise_if_failed` ends the stage with a short summary when a check failed — after the reports are written.
+The curation overlay (tasks.validate.merged) gives the merged view the class-level checks see."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from imagenet_parquet.format import COLUMNS, class_ids, read_label_map
+from imagenet_parquet.overlay import OVERLAY_DIR
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
@@ -29,9 +32,10 @@ from tasks.validate.dataset_checks import (
     manifest_check,
     manifest_label_check,
 )
+from tasks.validate.merged import View, apply_overlays, merged_frame, require_overlays
 from tasks.validate.near_dup import near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
-from tasks.validate.scan import ByteFindings, decode_mask, list_shards, read_metadata, scan_bytes
+from tasks.validate.scan import ByteFindings, Shard, decode_mask, list_shards, read_metadata, scan_bytes
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
 
@@ -70,9 +74,19 @@ def load_bad_images(path: str | Path) -> pd.DataFrame:
 
 
 def run_validation(
-    parquet_dir: str | Path, manifests_dir: str | Path, label_map_path: str | Path, params: ValidateParams
+    parquet_dir: str | Path,
+    manifests_dir: str | Path,
+    label_map_path: str | Path,
+    params: ValidateParams,
+    overlay_dir: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Every check over the dataset; returns the report dict (see tasks.validate.report.build_report)."""
+    """Every check over the dataset; returns the report dict (see tasks.validate.report.build_report).
+
+    The shards are checked as converted against the manifests (all rows, labels as stored); the classes, counts,
+    leakage, near-duplicates and the decode sample are of the merged view: the curation overlay in `overlay_dir`
+    (None: `<parquet_dir>/../overlay`, where readers find it) applied — labels now, excluded rows dropped."""
+    overlays = Path(overlay_dir) if overlay_dir is not None else Path(parquet_dir).parent / OVERLAY_DIR
+    curation = require_overlays(overlays)  # before any shard is read
     label_map = read_label_map(label_map_path)
     manifests = load_manifests(manifests_dir)
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
@@ -84,39 +98,69 @@ def run_validation(
     # wnids, whose shards carry a null wnid), the key the manifests, the counts and the versions index use.
     meta["wnid"] = meta["label"].map(dict(enumerate(class_ids(label_map))))
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
-    classes = class_table(meta, label_map)
-    counts = count_summary(classes, {"train": params.train_count, "val": params.val_count})
-    extract_report = _extract_report(Path(manifests_dir))
-    holdout = extract_report.get("holdout")  # val held out of train: a class may get no val image
-    results += [class_set_check(classes, limit, holdout), class_count_check(classes, counts, limit)]
+    view = apply_overlays(meta, plan, overlays, label_map["num_classes"], limit)
+    merged = merged_frame(meta, view, label_map)
     manifest_result, totals = manifest_check(meta, manifests, bad, limit)
-    results += [manifest_result, manifest_label_check(meta, manifests, limit)]
-    findings = scan_bytes(plan, meta, decode_mask(meta, params.decode_sample), params.workers)
-    results += [
+    results += [view.result, manifest_result, manifest_label_check(meta, manifests, limit)]
+    classes, counts, class_results = _class_checks(merged, label_map, params, Path(manifests_dir))
+    findings = scan_bytes(plan, meta, _decode_rows(meta, merged, params.decode_sample), params.workers)
+    results += class_results + _byte_checks(meta, findings, len(plan), limit)
+    results.append(leakage_check(merged, params.leakage_max_pairs, limit))
+    views = {s: view.split(meta, s) for s in SPLITS}
+    near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map), views)
+    results.append(near)
+    splits = {s: _split_totals(s, totals[s], plan, classes, findings, view) for s in SPLITS}
+    report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
+    report["curation"] = {k: v for k, v in curation.items() if k != "applied"}
+    report["version"] = version_index(meta, merged, label_map, curation)  # flows/validate records it, then drops it
+    return {**report, "near_duplicates": plain(near_section)}
+
+
+def _class_checks(
+    merged: pd.DataFrame, label_map: dict[str, Any], params: ValidateParams, manifests_dir: Path
+) -> tuple[pd.DataFrame, dict[str, Any], list[CheckResult]]:
+    """The class table, the count summary and the class set / count checks, of the merged view."""
+    classes = class_table(merged, label_map)
+    counts = count_summary(classes, {"train": params.train_count, "val": params.val_count})
+    holdout = _extract_report(manifests_dir).get("holdout")  # val held out of train: a class may get no val image
+    limit = params.report_examples
+    return classes, counts, [class_set_check(classes, limit, holdout), class_count_check(classes, counts, limit)]
+
+
+def _decode_rows(meta: pd.DataFrame, merged: pd.DataFrame, sample: int | float | str) -> np.ndarray:
+    """The decode sample (a mask over `meta`'s rows) drawn from the rows the merged view keeps."""
+    mask = np.zeros(len(meta), dtype=bool)
+    mask[merged.index.to_numpy()] = decode_mask(merged, sample)
+    return mask
+
+
+def _byte_checks(meta: pd.DataFrame, findings: ByteFindings, shards: int, limit: int) -> list[CheckResult]:
+    """The checks of the stored bytes, over every shard row."""
+    return [
         row_failures("jpeg_soi", meta, findings.not_jpeg, limit, "stored images are JPEG"),
         row_failures("sha256_match", meta, findings.hash_mismatch, limit, "hashes match"),
-        _index_check(meta, findings, len(plan), limit),
+        _index_check(meta, findings, shards, limit),
         row_failures(
             "decode", meta, findings.undecodable, limit, f"{sum(findings.decoded.values())} sampled rows decode"
         ),
-        leakage_check(meta, params.leakage_max_pairs, limit),
     ]
-    near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map))
-    results.append(near)
-    splits = {
-        s: {
-            **totals[s],
-            "shards": sum(p.split == s for p in plan),
-            "classes": int((classes[s] > 0).sum()),
-            "image_bytes": findings.image_bytes.get(s, 0),
-            "decoded": findings.decoded.get(s, 0),
-        }
-        for s in SPLITS
+
+
+def _split_totals(
+    split: str, totals: dict[str, int], plan: list[Shard], classes: pd.DataFrame, findings: ByteFindings, view: View
+) -> dict[str, int]:
+    """A split's counts: shard rows (manifest check), what the overlay changes, classes of the merged view."""
+    edits = view.edits.get(split, {"relabelled": 0, "excluded": 0})
+    return {
+        **totals,
+        "excluded": edits["excluded"],
+        "relabelled": edits["relabelled"],
+        "images": totals["rows"] - edits["excluded"],
+        "shards": sum(p.split == split for p in plan),
+        "classes": int((classes[split] > 0).sum()),
+        "image_bytes": findings.image_bytes.get(split, 0),
+        "decoded": findings.decoded.get(split, 0),
     }
-    report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
-    report["curation"] = {k: v for k, v in extract_report.get("curation", {}).items() if k != "applied"}
-    report["version"] = version_index(meta, label_map, extract_report)  # flows/validate records it, then drops it
-    return {**report, "near_duplicates": plain(near_section)}
 
 
 def _extract_report(manifests_dir: Path) -> dict[str, Any]:

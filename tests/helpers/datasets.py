@@ -144,6 +144,7 @@ class Dataset:
     row_group_rows: int = 4
     shard_label_maps: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-split metadata override
     schema_overrides: dict[str, pa.Schema] = field(default_factory=dict)  # per split: a non-contract schema
+    overlay: bool = True  # write an overlay that changes nothing (as the curate stage does without curation lines)
 
     parquet_dir = property(lambda self: self.root / "parquet")
     manifests_dir = property(lambda self: self.root / "manifests")
@@ -172,6 +173,10 @@ class Dataset:
             self._write_split(split, rows)
         lines = "".join(json.dumps(b, sort_keys=True) + "\n" for b in self.bad)
         (self.parquet_dir / "bad_images.jsonl").write_text(lines, encoding="utf-8")
+        if self.overlay:
+            from tests.helpers.overlays import write_test_overlay
+
+            write_test_overlay(self.parquet_dir)
         return self
 
     def _write_split(self, split: str, rows: list[dict[str, Any]]) -> None:

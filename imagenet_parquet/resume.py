@@ -78,8 +78,8 @@ class Resumable:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at `state` (from state_dict(), or `{"epoch": e, "samples_seen": n}` from the training loop):
         the next pass over epoch `state["epoch"]` yields only what that run had not consumed."""
-        self._check_curation(state)
         position = Position.from_state(state, self.seed, self._total())
+        self._check_curation(state)
         if position.topology is not None and position.topology != self._topology():
             position = self._other_topology(position)
         self.epoch, self._resume, self._pass = position.epoch, position, None
@@ -87,7 +87,7 @@ class Resumable:
     def _check_curation(self, state: Mapping[str, Any]) -> None:
         """A state saved under another curation overlay (other labels or exclusions) is refused."""
         if "curation" in state and state["curation"] != self.overlay_digest:
-            found = str(state["curation"])[:16] if state["curation"] else "none"
+            found = str(state["curation"])[:16] if isinstance(state["curation"], str) else repr(state["curation"])
             raise ValueError(
                 f"state: expected curation={str(self.overlay_digest)[:16] if self.overlay_digest else 'none'}… (the "
                 f"overlay this dataset applies), found curation={found}…; the labels or exclusions changed since "

@@ -124,7 +124,7 @@ def check_classes(
     curation: Curation, found: dict[str, dict[str, set[str]]], subset: list[str] | None, held: bool = False
 ) -> None:
     """The classes the lines leave, checked before the data is blamed (a relabel into a class outside the label
-    source failed in apply_curation): a relabel moves into a class the dataset keeps (never a silent drop), and no
+    source failed in stage.apply_lines): a relabel moves into a class the dataset keeps (never a silent drop), and no
     line leaves a class in one split only (unless `held`: val held out of train may lack a class anyway). `found`:
     per `before` / `after` the curation, split -> class names. A failure names the curation line."""
     for line in curation.relabel:

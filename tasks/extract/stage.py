@@ -228,7 +228,7 @@ def finalize(
     _log_reported(reported)
     held = None
     if holdout is not None:
-        tables["train"], tables["val"], held = split_holdout(tables["train"], holdout)
+        tables["train"], tables["val"], held = split_holdout(tables["train"], holdout, by_class=mode == "folder")
     tables, known, label_source = _label(tables, where, mode, val_labels, devkit_path, Path(root), catalog)
     curation = curation or curate.Curation()
     subset = labels.read_class_list(classes, Path(root))

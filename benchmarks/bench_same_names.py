@@ -12,6 +12,7 @@ groups whose labels are one contiguous range; next to the uniform expectation of
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 
@@ -27,7 +28,7 @@ def _metrics(labels: list[int], group: int) -> dict[str, float]:
         "distinct mean": statistics.mean(distinct),
         "distinct min": min(distinct),
         "label sd": statistics.mean(statistics.pstdev(g) for g in groups),
-        "adjacent |dlabel|": statistics.mean(abs(a - b) for a, b in zip(labels, labels[1:], strict=False)),
+        "adjacent |dlabel|": statistics.mean(abs(a - b) for a, b in itertools.pairwise(labels)),
         "contiguous groups": sum(max(g) - min(g) + 1 == len(set(g)) for g in groups) / len(groups),
     }
 

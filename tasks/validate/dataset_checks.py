@@ -111,20 +111,13 @@ def manifest_check(
     which class each row belongs to is labels_match_manifest's)."""
     totals, problems, examples = {}, [], []
     for split in SPLITS:
-        quarantined = bad.loc[bad["split"] == split, "name"].value_counts()
-        names = manifests[split]["name"].value_counts()
-        expected = names.sub(quarantined, fill_value=0).clip(lower=0)
+        quarantined = bad.loc[bad["split"] == split, "name"]
         found = meta.loc[meta["split"] == split, "image_path"]
-        diff = expected.sub(found.value_counts(), fill_value=0)
-        missing, extra = sorted(diff.index[diff > 0]), sorted(diff.index[diff < 0])
-        totals[split] = {
-            "rows": len(found),
-            "manifest_rows": len(manifests[split]),
-            "quarantined": int(quarantined.sum()),
-        }
-        if len(found) != int(expected.sum()) or missing or extra:
+        missing, extra, expected = _name_difference(manifests[split]["name"], quarantined, found)
+        totals[split] = {"rows": len(found), "manifest_rows": len(manifests[split]), "quarantined": len(quarantined)}
+        if len(found) != expected or missing or extra:
             problems.append(
-                f"{split}: {len(found)} rows, expected {int(expected.sum())} = {len(manifests[split])} "
+                f"{split}: {len(found)} rows, expected {expected} = {len(manifests[split])} "
                 f"manifest rows - {totals[split]['quarantined']} quarantined; missing {missing[:3]}, "
                 f"unexpected {extra[:3]}"
             )
@@ -146,15 +139,39 @@ def manifest_check(
     ), totals
 
 
+def _name_difference(names: pd.Series, quarantined: pd.Series, found: pd.Series) -> tuple[list[str], list[str], int]:
+    """(names missing from `found`, names in excess, rows expected): the manifest's names less the quarantined
+    ones, as sets when the manifest's names are unique (ImageNet), else as counts (`0001.jpg` in every class)."""
+    expected = set(names)
+    if len(expected) == len(names):
+        expected -= set(quarantined)
+        seen = set(found)
+        return sorted(expected - seen), sorted(seen - expected), len(expected)
+    counts = names.value_counts().sub(quarantined.value_counts(), fill_value=0).clip(lower=0)
+    diff = counts.sub(found.value_counts(), fill_value=0)
+    return sorted(diff.index[diff > 0]), sorted(diff.index[diff < 0]), int(counts.sum())
+
+
 IMAGE_KEY = ["split", "name", "label"]  # an image: its name within its class (the label) of a split
 
 
 def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame], limit: int) -> CheckResult:
-    """Each Parquet row's label is the manifest's label of an image of that name: no more rows of a (name, label)
-    than the manifest holds. A row beyond them is relabelled; the manifest's labels of that name that the shards
-    lack say what it should have been (one name may be in every class: `0001.jpg`)."""
+    """Each Parquet row's label equals the manifest's label for the same image: by name where a split's names are
+    unique (ImageNet), else by counts of (name, label) (`0001.jpg` in every class: _label_counts_check)."""
     manifest = pd.concat([m[IMAGE_KEY] for m in manifests.values()], ignore_index=True)
     rows = meta[["split", "image_path", "label"]].rename(columns={"image_path": "name"})
+    try:  # names unique in each split (ImageNet): each row's label against its image's
+        merged = rows.reset_index().merge(manifest, on=["split", "name"], suffixes=("", "_manifest"), validate="m:1")
+    except pd.errors.MergeError:
+        return _label_counts_check(meta, rows, manifest, limit)
+    wrong = merged[merged["label"] != merged["label_manifest"]]
+    detail = {int(r.index): f"label {r.label}, the manifest says {r.label_manifest}" for r in wrong.itertuples()}
+    return _label_result(meta, detail, len(merged), limit)
+
+
+def _label_counts_check(meta: pd.DataFrame, rows: pd.DataFrame, manifest: pd.DataFrame, limit: int) -> CheckResult:
+    """labels_match_manifest where one name is in several classes: a (split, name, label) may have as many rows as
+    the manifest holds; a row beyond them is relabelled, and should have had a label of that name the shards lack."""
     rows = rows.assign(nth=rows.groupby(IMAGE_KEY, sort=False).cumcount())
     allowed = manifest.groupby(IMAGE_KEY, sort=False).size().rename("allowed")
     rows = rows.join(allowed, on=IMAGE_KEY)
@@ -163,7 +180,7 @@ def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame],
     pairs = set(zip(known["split"], known["name"], strict=True))  # a name the manifest lacks is manifest_totals'
     wrong = wrong[[key in pairs for key in zip(wrong["split"], wrong["name"], strict=True)]]
     if wrong.empty:
-        return passed("labels_match_manifest", f"{len(rows)} rows agree with the manifests")
+        return _label_result(meta, {}, len(rows), limit)
     said = _manifest_says(known, rows[rows["name"].isin(set(wrong["name"]))])
     detail = {
         int(r.Index): f"label {r.label}, the manifest says {said[r.split, r.name]}"
@@ -171,6 +188,12 @@ def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame],
         else f"label {r.label}, more rows of that name and label than the manifest holds"
         for r in wrong.itertuples()
     }
+    return _label_result(meta, detail, len(rows), limit)
+
+
+def _label_result(meta: pd.DataFrame, detail: dict[int, str], compared: int, limit: int) -> CheckResult:
+    if not detail:
+        return passed("labels_match_manifest", f"{compared} rows agree with the manifests")
     first = min(detail)
     return CheckResult(
         "labels_match_manifest",

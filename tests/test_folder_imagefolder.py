@@ -18,6 +18,7 @@ import pytest
 
 from tasks.common import PipelineError
 from tasks.convert.imaging import Policy, encode_image
+from tasks.extract import stage as extract
 from tests.helpers.datasets import small_jpeg
 from tests.test_extract import run_folder
 
@@ -201,3 +202,32 @@ def test_the_rule_written_out_is_torchvisions(tmp_path):
     _awkward_tree(tmp_path / "tree")
     dataset = folder.ImageFolder(str(tmp_path / "tree/train"))
     assert (dataset.classes, sorted(dataset.samples)) == tuple(map(sorted, imagefolder(tmp_path / "tree/train")))
+
+
+def test_a_class_of_only_undecodable_imagefolder_files_keeps_its_label_and_fails_validate(tmp_path):
+    """`._a.jpg` (macOS AppleDouble junk) is an image to ImageFolder: the class keeps its label (no later label
+    moves), convert quarantines the file, and validate fails on the class left without images."""
+    from tasks.convert.distribute import run_local
+    from tasks.convert.job import job_from_params
+    from tasks.validate.stage import run_validation
+    from tests.helpers.params import project, validate_section
+
+    tree, root = tmp_path / "tree", tmp_path / "project"
+    for split in ("train", "val"):
+        for k, cls in enumerate(("ant", "cow")):
+            _image(tree / split / cls / "a.jpg", 10 * k + (split == "val"))
+        (tree / split / "bee").mkdir()
+        (tree / split / "bee/._a.jpg").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        ")
+    setup = project(root, convert={"max_bad_fraction": 1.0})
+    where = setup.paths
+    for split in ("train", "val"):
+        extract.scan_folder_split_to(split, tree, where["work"] / "extract", root=root)
+    extract.finalize(where["work"] / "extract", where["manifests"], where["label_map"], mode="folder")
+    label_map = json.loads(where["label_map"].read_text(encoding="utf-8"))
+    assert [c["name"] for c in label_map["classes"]] == imagefolder(tree / "train")[0] == ["ant", "bee", "cow"]
+    run_local(job_from_params(setup.params.convert, where, root=root), progress=False)
+    bad = [json.loads(line) for line in (where["parquet"] / "bad_images.jsonl").read_text().splitlines()]
+    assert sorted(b["name"] for b in bad) == ["._a.jpg", "._a.jpg"]
+    report = run_validation(where["parquet"], where["manifests"], where["label_map"], validate_section())
+    check = next(c for c in report["checks"] if c["name"] == "class_set")
+    assert check["status"] == "fail" and "bee" in check["message"], check["message"]

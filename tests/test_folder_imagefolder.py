@@ -231,3 +231,13 @@ def test_a_class_of_only_undecodable_imagefolder_files_keeps_its_label_and_fails
     report = run_validation(where["parquet"], where["manifests"], where["label_map"], validate_section())
     check = next(c for c in report["checks"] if c["name"] == "class_set")
     assert check["status"] == "fail" and "bee" in check["message"], check["message"]
+
+
+def test_a_class_spelled_nfc_in_train_and_nfd_in_val_is_refused_saying_so(tmp_path):
+    composed, decomposed = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
+    tree = tmp_path / "tree"
+    for split, cls in (("train", composed), ("val", decomposed)):
+        _image(tree / split / cls / "a.jpg")
+        _image(tree / split / "tea/b.jpg")
+    with pytest.raises(PipelineError, match=r"only in train .* differ only in Unicode normalization"):
+        run_folder(tree, tmp_path / "out")

@@ -16,7 +16,6 @@ in ImageFolder, with a warning."""
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import unicodedata
 from collections import defaultdict
@@ -29,7 +28,6 @@ from tasks.common import PipelineError
 from tasks.common.synsets import class_name_problem
 from tasks.common.tarindex import NOT_UTF8, collisions, is_utf8, printable, report
 
-log = logging.getLogger(__name__)
 Row = dict[str, object]
 Ancestors = dict[tuple[int, int], str]  # (device, inode) of each folder above in the walk -> its path
 # torchvision.datasets.folder.IMG_EXTENSIONS, compared case-insensitively (archives keep tarindex.IMAGE_EXTENSIONS)
@@ -116,7 +114,7 @@ def scan_folder_split(
         tables.append(pa.Table.from_pylist(found, schema=schema))
         reported += notes
         classes.append(entry.name)
-    reported += _lookalikes(split, source_path(base, root), classes)
+    reported = _lookalikes(split, source_path(base, root), classes) + reported  # first: the log shows the first 20
     return pa.concat_tables(tables).combine_chunks(), reported
 
 
@@ -205,11 +203,12 @@ def _skip_reason(entry: os.DirEntry[str], relative: str) -> str | None:
 
 
 def _lookalikes(split: str, where: str, classes: list[str]) -> list[dict[str, str]]:
-    """Class names equal after Unicode NFC normalization: kept apart (as ImageFolder does), warned."""
+    """Class names equal after Unicode NFC normalization: kept apart (as ImageFolder does), warned (the stage logs
+    the report's first entries)."""
     groups: dict[str, list[str]] = defaultdict(list)
     for name in classes:
         groups[unicodedata.normalize("NFC", name)].append(name)
-    found = [
+    return [
         report(
             split,
             where,
@@ -221,6 +220,3 @@ def _lookalikes(split: str, where: str, classes: list[str]) -> list[dict[str, st
         for _, names in sorted(groups.items())
         if len(names) > 1
     ]
-    for item in found:
-        log.warning("%s: %s: %s %r (%s)", split, where, item["reason"], item["member"], item["action"])
-    return found

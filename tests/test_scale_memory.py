@@ -157,7 +157,7 @@ def _arrow_peak(run) -> int:
 
 
 def test_planning_and_the_manifest_writer_never_copy_the_manifest(tmp_path, monkeypatch):
-    """The planner keeps one copy of the manifest (the hashed order is a view: 16 + 8 B per row, not a second
+    """The planner keeps one copy of the manifest (the hashed order is a view: 24 + 8 B per row, not a second
     table); the manifest writer sorts into row groups, never a second whole table (13 M rows: ~1 GB each)."""
     from tasks.common.manifests import read_columns
     from tasks.convert.plan import ordered

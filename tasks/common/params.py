@@ -149,9 +149,9 @@ class VerifyParams(Section):
 
 
 class HoldoutParams(Section):
-    """A val split held out of train for a source that ships none: an image is val when a keyed hash of its name
-    (keyed with `seed`) falls below `fraction` — a decision about that image alone, so adding, removing or
-    relabelling other images never moves it between train and val."""
+    """A val split held out of train for a source that ships none: an image is val when a keyed hash of its class
+    and name (folder mode; archive21k: of its name; keyed with `seed`) falls below `fraction` — a decision about that
+    image alone, so adding, removing or relabelling other images never moves it between train and val."""
 
     fraction: float = Field(gt=0, lt=1, description="the share of each class's images held out as val")
     seed: int = Field(ge=0, le=(1 << 63) - 1, description="the key of the name hash (another seed: another split)")

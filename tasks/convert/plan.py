@@ -13,6 +13,7 @@ new class rewrites the shards around it, a relabel the two it moves between."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -37,6 +38,7 @@ from tasks.common.manifests import int64_values
 MIN_FRACTION, MAX_FRACTION, NORMALIZE = 0.5, 2.0, 4
 ORDERS = ("hashed", "class")  # convert.order
 ORDER_KEY = b"imagenet-parquet/order/v1"  # the key of the order hash (a new key = a new order of every split)
+TIE_KEY = b"imagenet-parquet/order-tie/v1"  # equal names (`0001.jpg` in every class): their classes' keyed order
 LAYOUTS = ("content", "size")  # size: the former balanced ranges named -NNNNN-of-NNNNN (benchmarks compare them)
 PLAN_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]  # a shard's identity (its rows)
 BATCH = 1 << 16  # rows turned into Python objects at a time
@@ -160,21 +162,36 @@ class Rows:
 
 def ordered(table: pa.Table, order: str) -> Rows:
     """A split's manifest rows (sorted by wnid, name, ...) in `order`: `class` keeps them; `hashed` sorts by
-    (order_hash(name), then the manifest order: equal names in two class folders keep a fixed order — the sort
-    is stable). Holds 16 + 8 bytes per row besides the table."""
+    (order_hash(name), then class_tie(wnid), then the manifest order — the sort is stable). Distinct names never
+    tie, so the class tie moves nothing of a source whose names are unique (ImageNet); one name in every class
+    (`0001.jpg`) puts that name's rows in a keyed order of their classes instead of class order, so a row group
+    of them mixes the classes instead of holding a contiguous range. Holds 24 + 8 bytes per row besides the table."""
     if order not in ORDERS:
         raise ValueError(f"order: expected one of {ORDERS}, found {order!r}")
     if order == "class" or table.num_rows == 0:
         return Rows(table)
     names = Rows(table).values("name")
+    wnids = Rows(table).values("wnid") if "wnid" in table.column_names else itertools.repeat(None)
+    width = 24 if "wnid" in table.column_names else 16
     hashes = pa.chunked_array(
         [
-            pa.array([order_hash(next(names)) for _ in range(min(BATCH, table.num_rows - first))], pa.binary(16))
+            pa.array(
+                [order_hash(next(names)) + class_tie(next(wnids)) for _ in range(min(BATCH, table.num_rows - first))],
+                pa.binary(width),
+            )
             for first in range(0, table.num_rows, BATCH)
         ],
-        pa.binary(16),
+        pa.binary(width),
     )
     return Rows(table, pc.sort_indices(hashes))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def class_tie(wnid: str | None) -> bytes:
+    """The tie-break of equal names in hashed order: BLAKE2b-64 of the class keyed with TIE_KEY (b"" without)."""
+    if wnid is None:
+        return b""
+    return hashlib.blake2b(wnid.encode("utf-8", "surrogateescape"), digest_size=8, key=TIE_KEY).digest()
 
 
 def order_rows(table: pa.Table, order: str) -> pa.Table:

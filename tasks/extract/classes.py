@@ -8,6 +8,7 @@ Either way labels are the positions of the class names in Python's sorted order 
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,23 @@ def select_classes(
         raise PipelineError(
             f"{train_where} vs {val_where}: expected the same classes in train and val, found "
             f"{len(train - val)} only in train ({_listing(train - val)}) and {len(val - train)} only in val "
-            f"({_listing(val - train)}); fix the data or select a common subset with extract.classes"
+            f"({_listing(val - train)}){_lookalike_hint(train - val, val - train)}; fix the data or select a common "
+            "subset with extract.classes"
         )
     return sorted(train)
+
+
+def _lookalike_hint(train: set[str], val: set[str]) -> str:
+    """A note when names found in one split only differ from the other's only in Unicode normalization."""
+    nfc = {unicodedata.normalize("NFC", name): name for name in val}
+    pairs = [(name, nfc[key]) for name in sorted(train) if (key := unicodedata.normalize("NFC", name)) in nfc]
+    if not pairs:
+        return ""
+    train_name, val_name = pairs[0]
+    return (
+        f"; {len(pairs)} of them differ only in Unicode normalization (e.g. train {train_name!a} vs val "
+        f"{val_name!a}: composed vs decomposed accents): rename the folders to one spelling"
+    )
 
 
 def label_map(classes: list[str], catalog: Catalog | None, label_source: str) -> dict[str, Any]:

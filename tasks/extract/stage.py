@@ -217,7 +217,7 @@ def finalize(
     _log_reported(reported)
     held = None
     if holdout is not None:
-        tables["train"], tables["val"], held = split_holdout(tables["train"], holdout)
+        tables["train"], tables["val"], held = split_holdout(tables["train"], holdout, by_class=mode == "folder")
     tables, known, label_source = _label(tables, where, mode, val_labels, devkit_path, Path(root), catalog)
     subset = labels.read_class_list(classes, Path(root))
     found = {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}

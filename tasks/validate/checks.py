@@ -24,7 +24,7 @@ DESCRIPTIONS = {
     "label_in_range": "label is in 0..K-1 (pandera)",
     "wnid_matches_label": "wnid is the label map's wnid for the row's label (pandera)",
     "name_matches_label": "label_name is the label map's name for the row's label (pandera)",
-    "unique_image_paths": "image.path is unique within a split (pandera)",
+    "unique_image_paths": "image.path is unique within a class (label) of a split (pandera)",
     "positive_size": "width and height are > 0 (pandera)",
     "sha256_hex": "sha256 is 64 lower-case hex digits (pandera)",
     "exif_orientation_range": "exif_orientation is 1..8 (pandera)",
@@ -199,7 +199,9 @@ def metadata_schema(label_map: dict[str, Any]) -> pa.DataFrameSchema:
         checks=[
             pa.Check(lambda df: _same(df["wnid"], df["label"].map(wnids)), error="wnid_matches_label"),
             pa.Check(lambda df: df["label_name"] == df["label"].map(names), error="name_matches_label"),
-            pa.Check(lambda df: ~df.duplicated(["split", "image_path"], keep=False), error="unique_image_paths"),
+            pa.Check(
+                lambda df: ~df.duplicated(["split", "label", "image_path"], keep=False), error="unique_image_paths"
+            ),
         ],
         strict=False,
     )

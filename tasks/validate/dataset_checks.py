@@ -106,18 +106,19 @@ def class_count_check(table: pd.DataFrame, summary: dict[str, dict[str, Any]], l
 def manifest_check(
     meta: pd.DataFrame, manifests: dict[str, pd.DataFrame], bad: pd.DataFrame, limit: int
 ) -> tuple[CheckResult, dict[str, dict[str, int]]]:
-    """Rows per split = manifest rows - quarantined, with exactly the manifest's (non-quarantined) images."""
+    """Rows per split = manifest rows - quarantined, with exactly the manifest's (non-quarantined) images: as many
+    rows of each name as the manifest holds less those quarantined (one name may be in every class: `0001.jpg`;
+    which class each row belongs to is labels_match_manifest's)."""
     totals, problems, examples = {}, [], []
     for split in SPLITS:
-        quarantined = set(bad.loc[bad["split"] == split, "name"])
-        expected = set(manifests[split]["name"]) - quarantined
+        quarantined = bad.loc[bad["split"] == split, "name"]
         found = meta.loc[meta["split"] == split, "image_path"]
+        missing, extra, expected = _name_difference(manifests[split]["name"], quarantined, found)
         totals[split] = {"rows": len(found), "manifest_rows": len(manifests[split]), "quarantined": len(quarantined)}
-        missing, extra = sorted(expected - set(found)), sorted(set(found) - expected)
-        if len(found) != len(expected) or missing or extra:
+        if len(found) != expected or missing or extra:
             problems.append(
-                f"{split}: {len(found)} rows, expected {len(expected)} = {len(manifests[split])} "
-                f"manifest rows - {len(quarantined)} quarantined; missing {missing[:3]}, "
+                f"{split}: {len(found)} rows, expected {expected} = {len(manifests[split])} "
+                f"manifest rows - {totals[split]['quarantined']} quarantined; missing {missing[:3]}, "
                 f"unexpected {extra[:3]}"
             )
         examples += [
@@ -138,17 +139,61 @@ def manifest_check(
     ), totals
 
 
+def _name_difference(names: pd.Series, quarantined: pd.Series, found: pd.Series) -> tuple[list[str], list[str], int]:
+    """(names missing from `found`, names in excess, rows expected): the manifest's names less the quarantined
+    ones, as sets when the manifest's names are unique (ImageNet), else as counts (`0001.jpg` in every class)."""
+    expected = set(names)
+    if len(expected) == len(names):
+        expected -= set(quarantined)
+        seen = set(found)
+        return sorted(expected - seen), sorted(seen - expected), len(expected)
+    counts = names.value_counts().sub(quarantined.value_counts(), fill_value=0).clip(lower=0)
+    diff = counts.sub(found.value_counts(), fill_value=0)
+    return sorted(diff.index[diff > 0]), sorted(diff.index[diff < 0]), int(counts.sum())
+
+
+IMAGE_KEY = ["split", "name", "label"]  # an image: its name within its class (the label) of a split
+
+
 def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame], limit: int) -> CheckResult:
-    """Each Parquet row's label equals the manifest's label for the same image."""
-    manifest = pd.concat([m[["split", "name", "label"]] for m in manifests.values()], ignore_index=True)
-    rows = meta[["split", "image_path", "label"]].reset_index()
-    merged = rows.merge(
-        manifest, left_on=["split", "image_path"], right_on=["split", "name"], suffixes=("", "_manifest")
-    )
+    """Each Parquet row's label equals the manifest's label for the same image: by name where a split's names are
+    unique (ImageNet), else by counts of (name, label) (`0001.jpg` in every class: _label_counts_check)."""
+    manifest = pd.concat([m[IMAGE_KEY] for m in manifests.values()], ignore_index=True)
+    rows = meta[["split", "image_path", "label"]].rename(columns={"image_path": "name"})
+    try:  # names unique in each split (ImageNet): each row's label against its image's
+        merged = rows.reset_index().merge(manifest, on=["split", "name"], suffixes=("", "_manifest"), validate="m:1")
+    except pd.errors.MergeError:
+        return _label_counts_check(meta, rows, manifest, limit)
     wrong = merged[merged["label"] != merged["label_manifest"]]
-    if wrong.empty:
-        return passed("labels_match_manifest", f"{len(merged)} rows agree with the manifests")
     detail = {int(r.index): f"label {r.label}, the manifest says {r.label_manifest}" for r in wrong.itertuples()}
+    return _label_result(meta, detail, len(merged), limit)
+
+
+def _label_counts_check(meta: pd.DataFrame, rows: pd.DataFrame, manifest: pd.DataFrame, limit: int) -> CheckResult:
+    """labels_match_manifest where one name is in several classes: a (split, name, label) may have as many rows as
+    the manifest holds; a row beyond them is relabelled, and should have had a label of that name the shards lack."""
+    rows = rows.assign(nth=rows.groupby(IMAGE_KEY, sort=False).cumcount())
+    allowed = manifest.groupby(IMAGE_KEY, sort=False).size().rename("allowed")
+    rows = rows.join(allowed, on=IMAGE_KEY)
+    wrong = rows[rows["nth"] >= rows["allowed"].fillna(0)]
+    known = manifest[manifest["name"].isin(set(wrong["name"]))]
+    pairs = set(zip(known["split"], known["name"], strict=True))  # a name the manifest lacks is manifest_totals'
+    wrong = wrong[[key in pairs for key in zip(wrong["split"], wrong["name"], strict=True)]]
+    if wrong.empty:
+        return _label_result(meta, {}, len(rows), limit)
+    said = _manifest_says(known, rows[rows["name"].isin(set(wrong["name"]))])
+    detail = {
+        int(r.Index): f"label {r.label}, the manifest says {said[r.split, r.name]}"
+        if (r.split, r.name) in said
+        else f"label {r.label}, more rows of that name and label than the manifest holds"
+        for r in wrong.itertuples()
+    }
+    return _label_result(meta, detail, len(rows), limit)
+
+
+def _label_result(meta: pd.DataFrame, detail: dict[int, str], compared: int, limit: int) -> CheckResult:
+    if not detail:
+        return passed("labels_match_manifest", f"{compared} rows agree with the manifests")
     first = min(detail)
     return CheckResult(
         "labels_match_manifest",
@@ -158,6 +203,17 @@ def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame],
         len(detail),
         example_rows(meta, list(detail), limit, detail),
     )
+
+
+def _manifest_says(manifest: pd.DataFrame, rows: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(split, name) -> the manifest's labels of that name that the shards hold fewer rows of."""
+    expected = manifest.groupby(IMAGE_KEY).size()
+    found = rows.groupby(IMAGE_KEY).size().reindex(expected.index, fill_value=0)
+    short = expected[expected > found].reset_index()
+    return {
+        key: " or ".join(str(label) for label in sorted(group["label"]))
+        for key, group in short.groupby(["split", "name"])
+    }
 
 
 def leakage_check(meta: pd.DataFrame, max_pairs: int, limit: int) -> CheckResult:

@@ -4,11 +4,12 @@ size-planned layout of before issue 12 (class order), side by side.
 Builds a folder-mode tree of unique real JPEGs (the 1000 samples of ../shared, each copy made unique by a JPEG
 COM segment after SOI; default 50 classes x 90 train + 10 val = 5,000 images) under benchmarks/_work/versions/,
 then per variant a project copy (`hashed`, `class`: `convert.order`; `size`: class order and tasks/convert/plan.py's
-default layout switched in the copy) with a local
-DVC remote and a training node (a clone that pulled the version before). Version 0 is `dvc repro convert`,
-committed, pushed, pulled; then each change in turn (curation files, or the tree) is rerun, committed, pushed and
-pulled, and the table shows per change: shards rewritten / total per split, MB newly stored in the DVC cache,
-MB pushed, MB pulled by the node, and the rerun's wall and CPU seconds.
+default layout switched in the copy) with a local DVC remote and a training node (a clone that pulled the version
+before). Version 0 is `dvc repro curate` (convert, then, since issue 27, the curation overlay data/overlay that
+curation edits rewrite instead of shards), committed, pushed, pulled; then each change in turn (curation files, or
+the tree) is rerun, committed, pushed and pulled, and the table shows per change: shards rewritten / total per
+split, MB newly stored in the DVC cache (overlay included), MB pushed, MB pulled by the node, and the rerun's wall
+and CPU seconds. benchmarks/bench_overlay.py measures curation versions with the overlay through every stage.
 
     python benchmarks/bench_versions.py [--classes 50 --train-per-class 90 --val-per-class 10 --shard-mb 12]
 """
@@ -40,7 +41,7 @@ VARIANTS = ("hashed", "class", "size")  # convert.order hashed / class (content 
 
 WORK = REPO / "benchmarks" / "_work" / "versions"
 SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
-TARGETS = ["data/parquet", "data/manifests", "data/label_map.json"]
+TARGETS = ["data/parquet", "data/overlay", "data/manifests", "data/label_map.json"]  # overlay: curation (issue 27)
 
 
 def unique_jpeg(data: bytes, tag: str) -> bytes:
@@ -116,7 +117,7 @@ def repro(project: Path, env: dict[str, str], first: list[str]) -> tuple[float, 
     start = time.perf_counter()
     if first:
         run(first, project, env)
-    run(["dvc", "repro", "convert"], project, env)
+    run(["dvc", "repro", "curate"], project, env)  # convert, then the curation overlay (issue 27)
     wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
 
@@ -134,7 +135,7 @@ def curation_line(project: Path, kind: str, lines: list[str]) -> list[str]:
 
 
 def changes(wnids: list[str]) -> list[tuple[str, object]]:
-    """Each change: (name, edit(project) -> a command to run before `dvc repro convert`, or [])."""
+    """Each change: (name, edit(project) -> a command to run before `dvc repro curate`, or [])."""
     w = wnids
     relabel = [f"train,{w[c]},{w[c]}_{i:05d}.JPEG,{w[30]},bench" for c in (5, 6) for i in range(50)]
     one = [f"train,{w[8]},{w[8]}_00007.JPEG,{w[31]},bench"]
@@ -191,7 +192,7 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)  # as it comes: a long run shows progress
     images = args.classes * (args.train_per_class + args.val_per_class)
     print(f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
-          "each change on top of the previous version; dvc repro convert, push, node pull")
+          "each change on top of the previous version; dvc repro curate, push, node pull")
     head = (f"{'change':<33}{'variant':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
             f"{'pushed MB':>11}"
             f"{'pulled MB':>11}{'wall s':>8}{'CPU s':>8}")

@@ -1,0 +1,511 @@
+"""What a curation version costs with merge-on-read curation (issue 27): the curate stage writes data/overlay/ and
+never a shard. The measurements, each a subcommand printing its table (docs/notes/bench-versions-overlay.txt):
+
+    python benchmarks/bench_overlay.py projection
+        ImageNet-1k: a real overlay of 1,281,167 train + 50,000 val rows (imagenet_parquet.overlay.overlay_table /
+        write_overlay; 550 + 25 synthetic shard names, 1000 classes, labels at random as hashed order stores them)
+        before and after 10,000 relabels + 5,000 exclusions at random rows: the bytes of the new version.
+    python benchmarks/bench_overlay.py versions --name sample --classes 10 --train-per-class 20 --val-per-class 5 \\
+            --shard-mb 1 --relabels 20 --excludes 10
+    python benchmarks/bench_overlay.py versions --name 5k --shard-mb 4 --relabels 50 --excludes 25 --add
+        A folder-mode tree of real JPEGs (../shared/data/imagenet-samples, perceptually distinct variants from
+        benchmarks/mirror.py so validate's near-duplicate check passes) under benchmarks/_work/overlay/<name>/, a
+        project copy (tests/helpers/project.py) with a local DVC remote: v0 = `dvc repro` (every stage), committed
+        and `dvc push`ed; `dvc repro` again (no-op, --noop-rounds times); then the curation edit (relabel lines:
+        train images moved to the next class; exclude lines: train images and every 5th a val image), `dvc repro`,
+        commit, push. Per version: shards rewritten (MD5) / total per split, MB new in the DVC cache and pushed,
+        the overlay's part, and `dvc repro` wall and CPU seconds (dvc, its stages and their process pools: this
+        process is their subreaper; the Prefect server the stages report to is not counted). --add then adds 1
+        image to each class, then a new class (hashed order: issue 27 item 5), each its own version.
+    python benchmarks/bench_overlay.py reader --name 5k [--images 1500 --rounds 5]
+        Warm img/s of ParquetIterableDataset (decode included, no transform) over the train shards of <name>'s
+        project with an overlay of 10 % edits (5 % relabelled, 5 % excluded, random rows, written beside under
+        benchmarks/_work/overlay/<name>/reader/) vs overlay=False: same shards, alternating, median of rounds.
+    python benchmarks/bench_overlay.py stages --name 5k [--rounds 2]
+        The parts of a curation edit's `dvc repro` in <name>'s project, each forced alone: `dvc repro -f -s curate`,
+        `dvc repro -f -s validate`, beside a no-op `dvc repro` and real edits (1 relabel line: `dvc repro`, and
+        `dvc repro curate` without validate).
+    python benchmarks/bench_overlay.py versions --name mix --classes 1000 --train-per-class 5 --val-per-class 1 \
+            --shard-mb 4 --stage convert --no-variants --no-fingerprint --noop-rounds 0
+    python benchmarks/bench_overlay.py mix --name mix [--epochs 3]
+        Class mix per batch of 256 from ParquetIterableDataset (decode=False) with 10 % of the rows excluded by an
+        overlay (at random rows, and as one contiguous run of rows), vs the expectation for uniform draws (with
+        replacement, and a perfectly shuffled batch without replacement) over the kept labels. The shards: the
+        `versions` line above (`dvc repro convert` only, no fingerprint: no validate, copies differ by a COM
+        segment only).
+
+Results also go to benchmarks/_work/overlay/<name>/results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import resource
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_versions import run, shards, size_of, unique_jpeg  # noqa: E402  (isolates Prefect too)
+
+from tasks.common.synsets import shipped_synsets  # noqa: E402
+from tests.helpers.project import GIT, copy_project  # noqa: E402
+from tests.helpers.servers import prefect_server  # noqa: E402
+
+WORK = REPO / "benchmarks" / "_work" / "overlay"
+SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
+
+
+# ------------------------------------------------------------------------------------------------ the tree
+def _variant(item: tuple[str, int, int, bool]) -> tuple[str, bytes]:
+    import mirror  # benchmarks/mirror.py (imports the convert stage's fingerprint)
+
+    dest, source, serial, variants = item
+    files = sorted(SAMPLES.glob("*.JPEG"))
+    path = files[source % len(files)]
+    if variants:
+        return dest, mirror.variant(path, source // len(files), serial)
+    return dest, unique_jpeg(path.read_bytes(), f"overlay bench {serial}")
+
+
+def write_images(tree: Path, items: list[tuple[str, int]], variants: bool, workers: int = 2) -> None:
+    """items: (relative path, serial); serial n -> source n % 1000, round n // 1000 (mirror.variant)."""
+    jobs = [(rel, n, n + 1, variants) for rel, n in items]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        for rel, data in pool.imap_unordered(_variant, jobs, chunksize=32):
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_bytes(data)
+
+
+def class_items(wnid: str, counts: dict[str, int], start: int, first: int = 0) -> tuple[list[tuple[str, int]], int]:
+    items = []
+    for split, count in counts.items():
+        for i in range(first, first + count):
+            items.append((f"{split}/{wnid}/{wnid}_{i:05d}.JPEG", start))
+            start += 1
+    return items, start
+
+
+# ------------------------------------------------------------------------------------------------ dvc helpers
+def subreaper() -> None:
+    """Become the child subreaper (Linux prctl PR_SET_CHILD_SUBREAPER): the stages' forkserver pools (convert,
+    validate) outlive the process that started them, and orphans would be reaped by init, their CPU lost to
+    RUSAGE_CHILDREN; reparented to this process instead, `reap` waits for them and their CPU is counted."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def reap(settle: float = 1.0) -> None:
+    """Wait for the orphaned descendants that have exited (or exit within `settle` s of the last one)."""
+    deadline = time.perf_counter() + settle
+    while time.perf_counter() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            deadline = time.perf_counter() + settle
+        else:
+            time.sleep(0.05)
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds of `cmd` and every process it starts (orphans included: see subreaper)."""
+    reap(0)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    run(cmd, cwd, env)
+    wall = time.perf_counter() - start
+    reap()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+
+
+def md5s(root: Path) -> dict[str, tuple[str, int]]:
+    return {str(p.relative_to(root)): (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
+            for p in sorted(root.rglob("*")) if p.is_file()} if root.exists() else {}
+
+
+def commit_push(project: Path, env: dict[str, str], message: str) -> None:
+    run(["git", "add", "-A"], project, env)
+    run([*GIT, "commit", "-qm", message], project, env)
+    run(["dvc", "push", "-q"], project, env)  # every output of every stage
+
+
+def version(project: Path, env: dict[str, str], name: str, cmd: list[str]) -> dict[str, object]:
+    old, cache, remote = shards(project), size_of(project / ".dvc/cache"), size_of(project.parent / "remote")
+    old_overlay = md5s(project / "data/overlay")
+    wall, cpu = timed(cmd, project, env)
+    new, new_overlay = shards(project), md5s(project / "data/overlay")
+    commit_push(project, env, name)
+    rewritten = {s: [n for n, m in new[s].items() if old[s].get(n) != m] for s in new}
+    return {
+        "change": name,
+        "rewritten": {s: f"{len(rewritten[s])}/{len(new[s])}" for s in new},
+        "rewritten_mb": sum(new[s][n][1] for s in new for n in rewritten[s]) / 1e6,
+        "overlay_mb": sum(m[1] for f, m in new_overlay.items() if old_overlay.get(f) != m) / 1e6,
+        "cache_mb": (size_of(project / ".dvc/cache") - cache) / 1e6,
+        "pushed_mb": (size_of(project.parent / "remote") - remote) / 1e6,
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+
+
+def env_for() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "DVC_NO_ANALYTICS": "1"}
+
+
+def make_project(base: Path, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> Path:
+    shutil.rmtree(base / "project", ignore_errors=True)
+    shutil.rmtree(base / "remote", ignore_errors=True)
+    project = copy_project(base / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["convert"].update(order="hashed", shard_mb=args.shard_mb)
+    if not args.fingerprint:
+        params["convert"]["fingerprint"] = False
+    params["extract"].update(mode="folder", folder=str(tree))
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run(["dvc", "remote", "add", "-f", "-d", "local", str(base / "remote")], project, env)
+    run(["dvc", "config", "cache.type", "hardlink,copy"], project, env)
+    return project
+
+
+def curation_lines(wnids: list[str], args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """relabel: train image i // classes of class i % classes -> the next class; exclude: train images from the
+    end of each class, every 5th a val image."""
+    k = args.classes
+    relabel = [f"train,{wnids[i % k]},{wnids[i % k]}_{i // k:05d}.JPEG,{wnids[(i + 1) % k]},bench"
+               for i in range(args.relabels)]
+    exclude = []
+    for i in range(args.excludes):
+        c = wnids[i % k]
+        if i % 5 == 4:
+            exclude.append(f"val,{c},{c}_{args.val_per_class - 1 - i // (5 * k):05d}.JPEG,bench")
+        else:
+            exclude.append(f"train,{c},{c}_{args.train_per_class - 1 - i // k:05d}.JPEG,bench")
+    return relabel, exclude
+
+
+def append(path: Path, lines: list[str]) -> None:
+    path.write_text(path.read_text() + "".join(line + "\n" for line in lines))
+
+
+def cmd_versions(args: argparse.Namespace) -> None:
+    wnids = sorted(shipped_synsets())
+    base = WORK / args.name
+    tree = base / "tree"
+    env = env_for()
+    counts = {"train": args.train_per_class, "val": args.val_per_class}
+    subreaper()
+    t0 = time.perf_counter()
+    if not (base / "tree.done").exists() or args.rebuild:
+        shutil.rmtree(tree, ignore_errors=True)
+        items, serial = [], 0
+        for wnid in wnids[: args.classes]:
+            more, serial = class_items(wnid, counts, serial)
+            items += more
+        write_images(tree, items, args.variants)
+        (base / "tree.done").write_text(str(serial))
+    serial = int((base / "tree.done").read_text())
+    print(f"tree: {size_of(tree) / 1e6:.0f} MB, {time.perf_counter() - t0:.0f} s", flush=True)
+    rows: list[dict[str, object]] = []
+    stage = [] if args.stage == "all" else [args.stage]
+    repro = ["dvc", "repro", *stage]
+    with prefect_server(base / "prefect.log") as env["PREFECT_API_URL"]:
+        project = make_project(base, tree, args, env)
+        wall, cpu = timed(repro, project, env)
+        commit_push(project, env, "v0")
+        first = {"cache_mb": size_of(project / ".dvc/cache") / 1e6, "pushed_mb": size_of(base / "remote") / 1e6,
+                 "shards_mb": size_of(project / "data/parquet") / 1e6, "wall_s": wall, "cpu_s": cpu,
+                 "shards": {s: len(v) for s, v in shards(project).items()}}
+        print("v0", json.dumps(first), flush=True)
+        noop = [timed(repro, project, env) for _ in range(args.noop_rounds)]
+        print("no-op", noop, flush=True)
+        if args.stage == "convert":  # mix: shards only
+            (base / "results.json").write_text(json.dumps({"first": first}, indent=1))
+            return
+        relabel, exclude = curation_lines(wnids, args)
+        append(project / "curation/relabel.csv", relabel)
+        append(project / "curation/exclude.csv", exclude)
+        rows.append(version(project, env, f"{len(relabel)} relabels + {len(exclude)} exclusions", repro))
+        print(json.dumps(rows[-1]), flush=True)
+        if args.add:
+            items = []
+            for wnid in wnids[: args.classes]:
+                more, serial = class_items(wnid, {"train": 1}, serial, first=args.train_per_class)
+                items += more
+            write_images(tree, items, args.variants)
+            rows.append(version(project, env, f"add {len(items)} images (1 per class)", repro))
+            print(json.dumps(rows[-1]), flush=True)
+            items, serial = class_items(wnids[args.classes], counts, serial)
+            write_images(tree, items, args.variants)
+            rows.append(version(project, env, f"add 1 class ({len(items)} images)", repro))
+            print(json.dumps(rows[-1]), flush=True)
+        (base / "tree.done").write_text(str(serial))
+    images = args.classes * (args.train_per_class + args.val_per_class)
+    (base / "results.json").write_text(json.dumps({"first": first, "noop": noop, "rows": rows}, indent=1))
+    print(f"\nbench_overlay versions {args.name}: {images} images, folder mode, convert.order hashed, shard_mb "
+          f"{args.shard_mb}; `{' '.join(repro)}`, commit, `dvc push`; each change on top of the previous version")
+    print(f"v0: {first['shards']['train']} train + {first['shards']['val']} val shards, {first['shards_mb']:.1f} MB "
+          f"of shards; DVC cache {first['cache_mb']:.1f} MB; pushed {first['pushed_mb']:.1f} MB; "
+          f"repro {first['wall_s']:.1f} s wall, {first['cpu_s']:.1f} CPU s")
+    noop_wall, noop_cpu = statistics.median(w for w, _ in noop), statistics.median(c for _, c in noop)
+    print(f"no-op `{' '.join(repro)}` (median of {len(noop)}): {noop_wall:.1f} s wall, {noop_cpu:.1f} CPU s")
+    head = (f"{'change':<36}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'overlay MB':>11}{'cache MB':>10}"
+            f"{'pushed MB':>11}{'/ v0 push':>10}{'wall s':>8}{'CPU s':>8}{'wall/no-op':>11}{'CPU/no-op':>10}")
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        print(f"{r['change']:<36}{r['rewritten']['train']:>12}{r['rewritten']['val']:>10}{r['rewritten_mb']:>10.1f}"
+              f"{r['overlay_mb']:>11.3f}{r['cache_mb']:>10.2f}{r['pushed_mb']:>11.2f}"
+              f"{100 * r['pushed_mb'] / first['pushed_mb']:>9.2f}%{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}"
+              f"{r['wall_s'] / noop_wall:>10.1f}x{r['cpu_s'] / noop_cpu:>9.1f}x")
+
+
+def cmd_stages(args: argparse.Namespace) -> None:
+    """What a curation edit's `dvc repro` is made of: each stage it reruns, forced alone, and a no-op repro."""
+    project, env = WORK / args.name / "project", env_for()
+    subreaper()
+    rows = []
+    wnids = sorted(shipped_synsets())
+    with prefect_server(WORK / args.name / "prefect-stages.log") as env["PREFECT_API_URL"]:
+        for r in range(args.rounds):
+            c = wnids[r]  # a train image not edited yet (versions edits images 0-1 and the last ones of a class)
+            line = f"train,{c},{c}_{10 + r:05d}.JPEG,{wnids[r + 1]},bench stages"
+            curate_line = f"train,{c},{c}_{12 + r:05d}.JPEG,{wnids[r + 1]},bench stages"
+            for name, cmd in (("no-op dvc repro", ["dvc", "repro"]),
+                              ("edit: 1 relabel, dvc repro", ["dvc", "repro"]),
+                              ("edit: 1 relabel, repro curate", ["dvc", "repro", "curate"]),
+                              ("dvc repro -f -s curate", ["dvc", "repro", "-f", "-s", "curate"]),
+                              ("dvc repro -f -s validate", ["dvc", "repro", "-f", "-s", "validate"])):
+                if name.startswith("edit"):
+                    append(project / "curation/relabel.csv", [curate_line if name.endswith("curate") else line])
+                rows.append((name, *timed(cmd, project, env)))
+                print(rows[-1], flush=True)
+    print(f"\nbench_overlay stages {args.name}: each forced alone, {args.rounds} rounds (medians)")
+    head = f"{'command':<31}{'wall s':>8}{'CPU s':>8}"
+    print(head + "\n" + "-" * len(head))
+    for name in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == name]
+        print(f"{name:<31}{statistics.median(r[1] for r in mine):>8.1f}{statistics.median(r[2] for r in mine):>8.1f}")
+
+
+# ------------------------------------------------------------------------------------------------ overlays
+def edited_overlay(parquet: Path, split: str, relabel: float, exclude: float, seed: int, out: Path,
+                   contiguous: bool = False) -> Path:
+    """An overlay of `split`'s shards with a fraction of the rows relabelled (to another class) and excluded."""
+    from imagenet_parquet.format import class_ids, read_label_map
+    from imagenet_parquet.overlay import overlay_table, write_overlay
+    from tasks.curate.stage import read_split
+
+    rows = read_split(parquet, split)
+    classes = len(class_ids(read_label_map(parquet.parent / "label_map.json")))
+    rng = np.random.default_rng(seed)
+    n = len(rows.labels)
+    labels, keep = rows.labels.copy(), np.ones(n, dtype=bool)
+    order = rng.permutation(n)
+    moved = order[: round(relabel * n)]
+    labels[moved] = (labels[moved] + rng.integers(1, classes, len(moved))) % classes
+    if contiguous:
+        start = int(rng.integers(0, n - round(exclude * n)))
+        keep[start : start + round(exclude * n)] = False
+    else:
+        keep[order[round(relabel * n) : round(relabel * n) + round(exclude * n)]] = False
+    table = overlay_table(split, rows.shards, labels, keep, {"relabelled": len(moved), "excluded": int((~keep).sum())})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_overlay(table, out)
+    return out
+
+
+def cmd_projection(args: argparse.Namespace) -> None:
+    from imagenet_parquet.overlay import overlay_table, write_overlay
+
+    rng = np.random.default_rng(0)
+    out = WORK / "projection"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    sizes = {"train": (1_281_167, 550), "val": (50_000, 25)}
+    tables, results = {}, []
+    for split, (n, k) in sizes.items():
+        counts = np.full(k, n // k)
+        counts[: n % k] += 1
+        shard_list = [(f"{split}-h{rng.bytes(8).hex()}.parquet", int(c), rng.bytes(32).hex()) for c in counts]
+        labels = rng.integers(0, 1000, n)  # hashed order: every shard a uniform class mix
+        tables[split] = (shard_list, labels)
+    edits = {"train": (10_000, 4_500), "val": (0, 500)}  # 10,000 relabels + 5,000 exclusions in all
+    for split, (shard_list, labels) in tables.items():
+        relabels, excludes = edits[split]
+        pick = rng.permutation(len(labels))
+        new_labels, keep = labels.copy(), np.ones(len(labels), dtype=bool)
+        new_labels[pick[:relabels]] = (labels[pick[:relabels]] + rng.integers(1, 1000, relabels)) % 1000
+        keep[pick[relabels : relabels + excludes]] = False
+        for tag, lab, kp in (("v0", labels, np.ones(len(labels), dtype=bool)), ("v1", new_labels, keep)):
+            cpu, start = time.process_time(), time.perf_counter()
+            table = overlay_table(split, shard_list, lab, kp, {"relabelled": int((lab != labels).sum()),
+                                                                 "excluded": int((~kp).sum())})
+            path = out / tag / f"{split}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_overlay(table, path)
+            results.append({"split": split, "version": tag, "rows": len(lab), "shards": len(shard_list),
+                            "relabels": int((lab != labels).sum()), "exclusions": int((~kp).sum()),
+                            "bytes": path.stat().st_size, "wall_s": time.perf_counter() - start,
+                            "cpu_s": time.process_time() - cpu})
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print("\nbench_overlay projection: ImageNet-1k overlays (overlay_table + write_overlay), 1000 classes at random")
+    head = f"{'split':<7}{'version':<9}{'rows':>11}{'shards':>8}{'relabels':>10}{'excluded':>10}{'MB':>8}{'CPU s':>7}"
+    print(head + "\n" + "-" * len(head))
+    for r in results:
+        print(f"{r['split']:<7}{r['version']:<9}{r['rows']:>11,}{r['shards']:>8}{r['relabels']:>10,}"
+              f"{r['exclusions']:>10,}{r['bytes'] / 1e6:>8.3f}{r['cpu_s']:>7.2f}")
+    new = sum(r["bytes"] for r in results if r["version"] == "v1")
+    print(f"new bytes per version (both splits' overlays, each a new DVC object): {new / 1e6:.3f} MB "
+          "(+ curation.json and the curation CSV lines in git: KB)")
+
+
+# ------------------------------------------------------------------------------------------------ reader
+def cmd_reader(args: argparse.Namespace) -> None:
+    from imagenet_parquet import ParquetIterableDataset
+
+    parquet = WORK / args.name / "project" / "data" / "parquet"
+    path = edited_overlay(parquet, "train", 0.05, 0.05, 0, WORK / args.name / "reader" / "overlay" / "train.parquet")
+    for f in sorted((parquet / "train").glob("*.parquet")):  # warm: every shard in the page cache
+        f.read_bytes()
+    results: dict[str, list[tuple[float, float, int]]] = {"overlay": [], "none": []}
+    init: dict[str, list[float]] = {"overlay": [], "none": []}
+
+    def one(kind: str, seed: int) -> None:
+        start = time.perf_counter()
+        ds = ParquetIterableDataset(parquet, "train", overlay=path if kind == "overlay" else False, seed=seed)
+        init[kind].append(time.perf_counter() - start)
+        cpu, start, count = time.process_time(), time.perf_counter(), 0
+        for _ in ds:
+            count += 1
+            if count == args.images:
+                break
+        results[kind].append((time.perf_counter() - start, time.process_time() - cpu, count))
+
+    one("overlay", 99)  # a first warm-up pass of both (not counted)
+    one("none", 99)
+    results = {"overlay": [], "none": []}
+    for r in range(args.rounds):
+        for kind in (("overlay", "none") if r % 2 == 0 else ("none", "overlay")):
+            one(kind, r)
+    rates = {k: [c / w for w, _, c in v] for k, v in results.items()}
+    cpu_rates = {k: [c / u for _, u, c in v] for k, v in results.items()}
+    print(f"\nbench_overlay reader {args.name}: ParquetIterableDataset train, decode (PIL RGB) per image, no "
+          f"transform, {args.images} images per run, warm, {args.rounds} rounds alternating; overlay: 5 % "
+          "relabelled + 5 % excluded at random rows")
+    head = f"{'reader':<22}{'img/s (wall) median':>20}{'img/CPU s median':>18}{'init s':>8}  rounds img/s"
+    print(head + "\n" + "-" * len(head))
+    for k in ("none", "overlay"):
+        print(f"{'overlay=False' if k == 'none' else 'overlay (10 % edits)':<22}{statistics.median(rates[k]):>20.1f}"
+              f"{statistics.median(cpu_rates[k]):>18.1f}{statistics.median(init[k]):>8.3f}  "
+              + " ".join(f"{x:.0f}" for x in rates[k]))
+    ratio = statistics.median(rates["overlay"]) / statistics.median(rates["none"])
+    cpu_ratio = statistics.median(cpu_rates["overlay"]) / statistics.median(cpu_rates["none"])
+    paired = statistics.median(a / b for a, b in zip(rates["overlay"], rates["none"], strict=True))
+    print(f"overlay / overlay=False: {ratio:.3f} (wall img/s medians), {paired:.3f} (median of per-round ratios), "
+          f"{cpu_ratio:.3f} (img per CPU s medians)")
+    (WORK / args.name / "reader" / "results.json").write_text(json.dumps(
+        {"results": results, "init": init, "ratio": ratio, "paired": paired, "cpu_ratio": cpu_ratio}, indent=1))
+
+
+# ------------------------------------------------------------------------------------------------ class mix
+def expected_distinct(counts: np.ndarray, batch: int) -> tuple[float, float]:
+    """Expected distinct classes in `batch` draws over kept class counts: with replacement, and without (a batch
+    of a perfect shuffle: hypergeometric)."""
+    n = counts.sum()
+    p = counts / n
+    with_replacement = float((1 - (1 - p) ** batch).sum())
+    j = np.arange(batch)
+    absent = [math.exp(np.log(np.maximum(n - c - j, 1e-300) / (n - j)).sum()) if n - c >= batch else 0.0
+              for c in counts]
+    return with_replacement, float(len(counts) - sum(absent))
+
+
+def cmd_mix(args: argparse.Namespace) -> None:
+    from imagenet_parquet import ParquetIterableDataset
+
+    parquet = WORK / args.name / "project" / "data" / "parquet"
+    batch = 256
+    results = []
+    for kind in ("none", "random", "contiguous"):
+        overlay = False if kind == "none" else edited_overlay(
+            parquet, "train", 0.0, 0.10, 1, WORK / args.name / "overlay" / kind / "train.parquet",
+            contiguous=kind == "contiguous")
+        distinct = []
+        for epoch in range(args.epochs):
+            ds = ParquetIterableDataset(parquet, "train", overlay=overlay, decode=False, batch_size=batch, seed=0)
+            ds.set_epoch(epoch)
+            labels = np.fromiter((label for _, label in ds), dtype=np.int64)
+            full = len(labels) // batch * batch
+            distinct += [len(np.unique(b)) for b in labels[:full].reshape(-1, batch)]
+            kept = labels
+        counts = np.bincount(kept)
+        counts = counts[counts > 0]
+        e_with, e_without = expected_distinct(counts, batch)
+        results.append({"overlay": kind, "images": len(kept), "classes": len(counts), "batches": len(distinct),
+                        "mean": float(np.mean(distinct)), "min": int(np.min(distinct)),
+                        "p5": float(np.percentile(distinct, 5)), "expected_with": e_with,
+                        "expected_without": e_without})
+    (WORK / args.name / "mix.json").write_text(json.dumps(results, indent=1))
+    print(f"\nbench_overlay mix {args.name}: distinct classes per batch of {batch}, ParquetIterableDataset "
+          f"(shuffle, window 4, decode=False), {args.epochs} epochs; exclusions 10 % of train rows")
+    head = (f"{'overlay':<26}{'images':>8}{'classes':>8}{'batches':>8}{'mean':>8}{'p5':>7}{'min':>6}"
+            f"{'E uniform':>10}{'E shuffle':>10}{'mean/E unif':>12}{'mean/E shuf':>12}")
+    print(head + "\n" + "-" * len(head))
+    names = {"none": "none (overlay=False)", "random": "10 % excl., random rows", "contiguous": "10 % excl., one run"}
+    for r in results:
+        print(f"{names[r['overlay']]:<26}{r['images']:>8}{r['classes']:>8}{r['batches']:>8}{r['mean']:>8.1f}"
+              f"{r['p5']:>7.1f}{r['min']:>6}{r['expected_with']:>10.1f}{r['expected_without']:>10.1f}"
+              f"{r['mean'] / r['expected_with']:>12.3f}{r['mean'] / r['expected_without']:>12.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("projection")
+    v = sub.add_parser("versions")
+    v.add_argument("--name", default="5k")
+    v.add_argument("--classes", type=int, default=50)
+    v.add_argument("--train-per-class", type=int, default=90)
+    v.add_argument("--val-per-class", type=int, default=10)
+    v.add_argument("--shard-mb", type=float, default=4)
+    v.add_argument("--relabels", type=int, default=50)
+    v.add_argument("--excludes", type=int, default=25)
+    v.add_argument("--noop-rounds", type=int, default=2)
+    v.add_argument("--stage", default="all", help="all (`dvc repro`) or a stage name")
+    v.add_argument("--add", action="store_true", help="then add 1 image per class, then a class")
+    v.add_argument("--no-variants", dest="variants", action="store_false",
+                   help="copies differ by a COM segment only (validate's near-duplicate check would fail)")
+    v.add_argument("--no-fingerprint", dest="fingerprint", action="store_false")
+    v.add_argument("--rebuild", action="store_true")
+    r = sub.add_parser("reader")
+    r.add_argument("--name", default="5k")
+    r.add_argument("--images", type=int, default=1500)
+    r.add_argument("--rounds", type=int, default=5)
+    st = sub.add_parser("stages")
+    st.add_argument("--name", default="5k")
+    st.add_argument("--rounds", type=int, default=2)
+    m = sub.add_parser("mix")
+    m.add_argument("--name", default="mix")
+    m.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    {"projection": cmd_projection, "versions": cmd_versions, "reader": cmd_reader, "mix": cmd_mix,
+     "stages": cmd_stages}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -150,7 +150,7 @@ def test_the_overlay_applies_the_lines_counted_by_reason_and_class_while_manifes
     (f"train,{A},zz.JPEG,gone\n", "", r"exclude.csv:2: expected an image zz.JPEG of class n01440764 in train, found "
                                       r"no such image in the source; fix the curation file"),
     (f"train,{B},a1.JPEG,gone\n", "", r"exclude.csv:2: expected an image a1.JPEG of class n01443537"),
-    ("", f"train,{A},a1.JPEG,n09999999,x\n", r"relabel.csv:2: expected new_wnid .*n09999999"),
+    ("", f"train,{A},a1.JPEG,n09999999,x\n", r"relabel.csv:2: expected new_wnid a class of the dataset .*n09999999"),
     ("", f"val,{A},va.JPEG,{A},x\n", r"relabel.csv:2: expected new_wnid other than wnid"),
     (f"\ntest,{A},a1.JPEG,x\n", "", r"exclude.csv:3: expected split one of train, val, found 'test'"),
     (f"train,{A},a1.JPEG\n", "", r"exclude.csv:2: expected 4 fields"),

@@ -83,7 +83,7 @@ def _assert_identical(repo: Path, node: Path, rel: str) -> None:
 
 def _assert_pulled_only(node: Path, wanted: list[str]) -> None:
     present = {p for p in ("data/raw", "data/manifests", "data/reports", "data/parquet/train", "data/parquet/val",
-                           "data/label_map.json") if (node / p).exists()}
+                           "data/overlay", "data/label_map.json") if (node / p).exists()}
     assert present == set(wanted), present
     assert not list(node.rglob("*.tar")) and not list(node.rglob("*.tar.gz"))  # never the raw archives
 
@@ -110,9 +110,10 @@ def test_local_remote_round_trip(pipeline_repo, tmp_path):
     keys = [str(p.relative_to(remote)) for p in sorted(remote.rglob("*")) if p.is_file()]
     _assert_no_raw_in_remote(pipeline_repo, _remote_md5s(keys))
 
-    node = _training_node(pipeline_repo, tmp_path / "node", ["data/parquet", "data/label_map.json"])
-    _assert_pulled_only(node, ["data/parquet/train", "data/parquet/val", "data/label_map.json"])
+    node = _training_node(pipeline_repo, tmp_path / "node", ["data/parquet", "data/overlay", "data/label_map.json"])
+    _assert_pulled_only(node, ["data/parquet/train", "data/parquet/val", "data/overlay", "data/label_map.json"])
     _assert_identical(pipeline_repo, node, "data/parquet")
+    _assert_identical(pipeline_repo, node, "data/overlay")
     _assert_identical(pipeline_repo, node, "data/label_map.json")
     train = ParquetImageDataset(node / "data" / "parquet", "train")
     names = [c["name"] for c in load_label_map(node / "data" / "label_map.json")["classes"]]
@@ -155,9 +156,11 @@ def test_s3_remote_round_trip_on_moto(pipeline_repo, tmp_path, moto_s3):
     assert keys and all(k.startswith("imagenet/") for k in keys)
     _assert_no_raw_in_remote(pipeline_repo, _remote_md5s(keys))
 
-    node = _training_node(pipeline_repo, tmp_path / "node", ["data/parquet", "data/label_map.json"], S3_ENV)
-    _assert_pulled_only(node, ["data/parquet/train", "data/parquet/val", "data/label_map.json"])
+    node = _training_node(pipeline_repo, tmp_path / "node", ["data/parquet", "data/overlay", "data/label_map.json"],
+                          S3_ENV)
+    _assert_pulled_only(node, ["data/parquet/train", "data/parquet/val", "data/overlay", "data/label_map.json"])
     _assert_identical(pipeline_repo, node, "data/parquet")
+    _assert_identical(pipeline_repo, node, "data/overlay")
     _assert_identical(pipeline_repo, node, "data/label_map.json")
 
     one = _training_node(pipeline_repo, tmp_path / "node-train", ["data/parquet/train"], S3_ENV)

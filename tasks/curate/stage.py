@@ -26,7 +26,6 @@ from tasks.common import SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.layout import CURATION_REPORT, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
 from tasks.common.params import Project, path_key
-from tasks.common.synsets import shipped_catalog
 from tasks.curate import lines as curation_lines
 from tasks.curate.lines import Curation, Line
 
@@ -58,7 +57,6 @@ def job_from_params(project: Project) -> CurateJob:
         project.resolve(cur.exclude) if cur.exclude else None,
         project.resolve(cur.relabel) if cur.relabel else None,
         {"exclude": cur.exclude, "relabel": cur.relabel},
-        shipped_catalog() if project.params.extract.mode == "archives" else None,  # ILSVRC2012: wnids of the 1000
     )
     path = project.path
     return CurateJob(path("parquet"), path("manifests"), path("label_map"), path("overlay"), curation)

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import tarfile
+from collections import namedtuple
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from flows.download import download_flow
+from tasks.acquire import archive21k, space
 from tasks.common import PipelineError
 from tasks.common.archive_pass import hash_and_index
 from tasks.extract import stage as extract
 from tests.helpers.archives import tar_bytes
 from tests.helpers.datasets import small_jpeg
+from tests.helpers.params import write_params
 
 W = [f"n{10_000_000 + 37 * k:08d}" for k in range(4)]
 
@@ -89,3 +94,80 @@ def test_a_duplicate_class_tar_with_a_name_in_both_copies_is_refused_never_one_k
     assert f".JPEG in 2 copies of {W[0]}.tar" in message and "keep one copy of the class tar" in message
     assert not (tmp_path / "staging/train.parquet").exists()
     assert hash_and_index(archive, "train", "", progress=False).refused == message
+
+
+# ---------------------------------------------------------------- item 12: a stale decompressed .tar
+HOLD = {"fraction": 0.5, "seed": 15}
+
+
+def _gz_archive(path: Path, wnid: str) -> Path:
+    """A .tar.gz of one class tar of random bytes (about as large as its .tar, as JPEGs are)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inner = tar_bytes([(f"{wnid}_{i}.JPEG", os.urandom(200_000)) for i in range(2)])
+    path.write_bytes(gzip.compress(tar_bytes([(f"{wnid}.tar", inner)]), mtime=0))
+    return path
+
+
+def _download(tmp_path: Path, **download) -> dict:
+    params = write_params(tmp_path, paths={"raw": "raw", "work": "work"},
+                          sample={"classes": 2, "train_per_class": 2, "val_per_class": 1, "seed": 0},
+                          download={"retries": 0, "backoff_s": 0.01, **download},
+                          extract={"mode": "archive21k", "catalog": "derived", "holdout": HOLD}
+                          if download.get("archive") else {"mode": "archives", "catalog": "auto", "holdout": None})
+    return download_flow(params_file=str(params))
+
+
+def test_the_decompressed_tar_of_an_earlier_archive_is_removed_before_the_space_check(tmp_path, prefect_api, monkeypatch,
+                                                                                      ):
+    src, raw = tmp_path / "src", tmp_path / "raw"
+    _gz_archive(src / "a.tar.gz", W[0])
+    _gz_archive(src / "b.tgz", W[1])
+    (src / "c.tar").write_bytes(tar_bytes([(f"{W[2]}.tar", tar_bytes(_images(W[2], 2)))]))
+    _download(tmp_path, source=str(src), archive="a.tar.gz")
+    old = (raw / "a.tar").stat().st_size
+    assert old > 400_000
+    # b.tgz's .tar fits only once a.tar is gone: the stale one is removed first, and its space counts
+    real = space.shutil.disk_usage
+    usage = namedtuple("usage", "total used free")
+    room = space.SPACE_MARGIN + (src / "b.tgz").stat().st_size + 1000
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda p: usage(1 << 40, 0, room - (old if (raw / "a.tar").exists()
+                                                                                       else 0)))
+    records = _download(tmp_path, source=str(src), archive="b.tgz")
+    monkeypatch.setattr(space.shutil, "disk_usage", real)
+    assert not (raw / "a.tar").exists() and (raw / "b.tar").is_file() and set(records) == {"b.tgz", "b.tar"}
+    cache = json.loads((tmp_path / "work/md5_cache.json").read_text())
+    assert str(raw / "a.tar") not in cache  # forgotten too
+    # a plain .tar (linked, the user's file: kept), then the ILSVRC2012 sample: b.tar goes, the link stays
+    _download(tmp_path, source=str(src), archive="c.tar")
+    assert not (raw / "b.tar").exists() and (raw / "c.tar").samefile(src / "c.tar")
+    (raw / "c.tar.gz").write_bytes(b"")  # not ours (no record of decompressing it): never touched
+    _download(tmp_path, source="sample")
+    assert (raw / "c.tar").samefile(src / "c.tar") and (raw / "c.tar.gz").exists()
+    assert not list(raw.glob(".*tmp*"))
+
+
+def test_a_tar_decompressed_but_never_recorded_in_download_json_is_removed_too(tmp_path, prefect_api, capsys):
+    """Killed after the decompression, before download.json was written: the MD5 cache still says who wrote it."""
+    src, raw = tmp_path / "src", tmp_path / "raw"
+    _gz_archive(src / "a.tar.gz", W[0])
+    _download(tmp_path, source=str(src), archive="a.tar.gz")
+    doc = (raw / "download.json").read_text()
+    (raw / "download.json").unlink()
+    assert archive21k.remove_stale_tars(raw, {"a.tar.gz", "a.tar"}, tmp_path / "work/md5_cache.json") == []
+    size = (raw / "a.tar").stat().st_size
+    assert archive21k.remove_stale_tars(raw, {"b.tar.gz", "b.tar"}, tmp_path / "work/md5_cache.json") == ["a.tar"]
+    assert f"{raw / 'a.tar'}: removed ({size:,} bytes), decompressed from a .tar.gz for an earlier download.archive " \
+        "that params.yaml no longer names" in capsys.readouterr().out
+    _download(tmp_path, source=str(src), archive="a.tar.gz")  # again: with download.json, naming the .tar.gz
+    _gz_archive(src / "b.tar.gz", W[1])
+    _download(tmp_path, source=str(src), archive="b.tar.gz")
+    assert not (raw / "a.tar").exists() and (raw / "b.tar").is_file()
+    assert json.loads(doc)["archives"]["a.tar"]["source"] == "a.tar.gz"
+    (raw / "a.tar").write_bytes(b"x")  # a file of that name the stage did not write (no record of it): kept
+    (raw / "download.json").write_text(json.dumps({"archives": {"a.tar": {"method": "local"}}}))
+    assert archive21k.remove_stale_tars(raw, {"b.tar.gz", "b.tar"}, tmp_path / "work/md5_cache.json") == []
+    # the same name from another .tar.gz: decompressed again, not removed
+    _gz_archive(tmp_path / "other/b.tar.gz", W[2])
+    _download(tmp_path, source=str(tmp_path / "other"), archive="b.tar.gz")
+    with tarfile.open(raw / "b.tar") as tar:
+        assert tar.getnames() == [f"{W[2]}.tar"]

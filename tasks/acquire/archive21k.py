@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from tasks.acquire.fetch import FetchOptions, kind, redact, remote_size
 from tasks.acquire.local import local_path
-from tasks.acquire.md5state import cached_md5, remember_md5
+from tasks.acquire.md5state import cached_md5, forget_md5, remember_md5
 from tasks.common import PipelineError, atomic_path
 from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
 from tasks.common.params import DownloadParams
@@ -160,6 +160,40 @@ def fetch_gzipped(
             "decompressing it (the file changed in between); run `dvc repro` again"
         )
     return {name: record, tar_name(name): tar}
+
+
+# ---------------------------------------------------------------- an earlier archive's .tar
+def remove_stale_tars(raw_dir: Path, keep: set[str], cache_file: Path) -> list[str]:
+    """Remove from raw_dir every .tar the download stage decompressed from an earlier download.archive (`keep`: the
+    files this run brings). Ours alone (download.json's `gunzip` records, or the MD5 cache while the file is as it
+    was written), never a linked or downloaded archive; removed before the space check, so its room counts."""
+    removed = []
+    for name, origin in sorted(_decompressed_here(raw_dir, cache_file).items()):
+        path = raw_dir / name
+        if name in keep or path.is_symlink() or not path.is_file():
+            continue
+        size = path.stat().st_size
+        path.unlink()
+        forget_md5(path, cache_file)
+        removed.append(name)
+        print(
+            f"{path}: removed ({size:,} bytes), decompressed from {origin} for an earlier download.archive that "
+            "params.yaml no longer names (naming it again decompresses it again)"
+        )
+    return removed
+
+
+def _decompressed_here(raw_dir: Path, cache_file: Path) -> dict[str, str]:
+    """{name of a .tar in raw_dir the download stage wrote by decompressing: the .tar.gz it came from}."""
+    try:
+        records = json.loads((raw_dir / "download.json").read_text(encoding="utf-8"))["archives"]
+        found = {n: str(r["source"]) for n, r in records.items() if r.get("method") == "gunzip"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        found = {}
+    for path in raw_dir.glob("*.tar") if raw_dir.is_dir() else ():
+        if path.name not in found and cached_md5(path, cache_file)[1].startswith(_origin("")):
+            found[path.name] = "a .tar.gz"
+    return found
 
 
 # ---------------------------------------------------------------- verify

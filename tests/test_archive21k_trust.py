@@ -7,7 +7,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -16,13 +20,16 @@ import pytest
 
 from flows.download import download_flow
 from tasks.acquire import archive21k, space
+from tasks.acquire import download as dl
 from tasks.common import PipelineError
 from tasks.common.archive_pass import hash_and_index
 from tasks.extract import stage as extract
 from tests.helpers.archives import tar_bytes
 from tests.helpers.datasets import small_jpeg
 from tests.helpers.params import write_params
+from tests.helpers.project import REPO
 
+FAST = dl.FetchOptions(retries=1, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 W = [f"n{10_000_000 + 37 * k:08d}" for k in range(4)]
 
 
@@ -129,7 +136,7 @@ def test_the_decompressed_tar_of_an_earlier_archive_is_removed_before_the_space_
     # b.tgz's .tar fits only once a.tar is gone: the stale one is removed first, and its space counts
     real = space.shutil.disk_usage
     usage = namedtuple("usage", "total used free")
-    room = space.SPACE_MARGIN + (src / "b.tgz").stat().st_size + 1000
+    room = space.SPACE_MARGIN + 2 * (src / "b.tgz").stat().st_size  # < margin + b.tgz's size while a.tar is there
     monkeypatch.setattr(space.shutil, "disk_usage", lambda p: usage(1 << 40, 0, room - (old if (raw / "a.tar").exists()
                                                                                        else 0)))
     records = _download(tmp_path, source=str(src), archive="b.tgz")
@@ -171,3 +178,119 @@ def test_a_tar_decompressed_but_never_recorded_in_download_json_is_removed_too(t
     _download(tmp_path, source=str(tmp_path / "other"), archive="b.tar.gz")
     with tarfile.open(raw / "b.tar") as tar:
         assert tar.getnames() == [f"{W[2]}.tar"]
+
+
+# ---------------------------------------------------------------- item 13 (a): a gzip bomb
+def _free(monkeypatch, free: int) -> None:
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda _p: usage(1 << 40, 0, free))  # (shutil: one module)
+
+
+@pytest.mark.parametrize("inflated", [64 << 20, (16 << 20) + 1])  # far beyond the free space, or just beyond
+def test_a_gzip_bomb_passes_the_space_check_then_stops_at_the_free_space_writing_nothing(tmp_path, monkeypatch,
+                                                                                         inflated):
+    src, raw, cache = tmp_path / "src", tmp_path / "raw", tmp_path / "c.json"
+    src.mkdir()
+    (src / "w.tar.gz").write_bytes(gzip.compress(b"\0" * inflated, mtime=0))  # ~1000:1, the .tar.gz tiny
+    _free(monkeypatch, space.SPACE_MARGIN + (16 << 20))  # 16 MiB beyond the margin: room for the .tar.gz, not more
+    sources, layout = {"w.tar.gz": str(src / "w.tar.gz")}, {"archive": "w.tar.gz", "tar": "w.tar"}
+    space.check_free_space(raw, space.space_needed(sources, raw, FAST, cache, layout, tmp_path))  # fits, it says
+    with pytest.raises(PipelineError) as err:
+        archive21k.fetch_gzipped("w.tar.gz", str(src / "w.tar.gz"), raw, FAST, cache, tmp_path)
+    message = str(err.value)
+    assert f"{raw / 'w.tar.gz'}: expected it to decompress into at most the 16,777,216 bytes free on {raw}" in message
+    assert "found more than that (a gzip bomb, or not an archive of JPEGs); nothing was written" in message
+    assert "download.archive" in message
+    assert not (raw / "w.tar").exists() and not list(raw.glob(".w.tar*"))
+
+
+# ---------------------------------------------------------------- item 13 (c): a full disk, a kill -9
+@pytest.fixture(params=["tmpfs", "patched writer"])
+def small_disk(tmp_path, request):
+    """A 8 MiB tmpfs (root only); None where it cannot be mounted, and for the "patched writer" variant (the test
+    then makes the writer raise ENOSPC)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)] if request.param == "tmpfs" else ["false"]
+    done = subprocess.run(command, capture_output=True)
+    yield mount if done.returncode == 0 else None
+    if done.returncode == 0:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_while_decompressing_leaves_nothing_and_a_rerun_completes(tmp_path, small_disk, monkeypatch):
+    gz = tmp_path / "w.tar.gz"
+    data = os.urandom(6 << 20)  # incompressible: the .tar as large as the .tar.gz
+    gz.write_bytes(gzip.compress(data, mtime=0))
+    raw = small_disk or tmp_path / "raw"
+    raw.mkdir(exist_ok=True)
+    filler = raw / "other"
+    filler.write_bytes(b"\1" * (4 << 20))  # leaves ~4 MiB: the 6 MiB .tar does not fit
+    _free(monkeypatch, 1 << 40)  # past the bound (a disk that fills up meanwhile): the write itself fails
+    if small_disk is None:  # no tmpfs: the writer raises ENOSPC past 4 MiB, as the disk would
+        monkeypatch.setattr(archive21k, "open", _enospc_after(4 << 20), raising=False)
+    with pytest.raises(PipelineError) as err:
+        archive21k.gunzip(gz, raw / "w.tar", chunk=1 << 16, progress=False)
+    assert f"{raw / 'w.tar'}: expected to decompress w.tar.gz into it, found [Errno 28] No space left on device" in \
+        str(err.value) and "nothing was written" in str(err.value)
+    assert sorted(p.name for p in raw.iterdir()) == ["other"]
+    filler.unlink()
+    monkeypatch.delattr(archive21k, "open", raising=False)  # the disk has room again (the bound still patched off)
+    assert archive21k.gunzip(gz, raw / "w.tar", chunk=1 << 16, progress=False)[2] == len(data)
+    assert (raw / "w.tar").read_bytes() == data and sorted(p.name for p in raw.iterdir()) == ["w.tar"]
+
+
+def _enospc_after(limit: int):
+    real = open
+
+    class Full:
+        def __init__(self, fh):
+            self.fh, self.written = fh, 0
+
+        def write(self, block):
+            if self.written + len(block) > limit:
+                raise OSError(28, "No space left on device")
+            self.written += len(block)
+            return self.fh.write(block)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    return lambda path, mode="r", *a, **k: Full(real(path, mode, *a, **k)) if "w" in mode else real(path, mode, *a, **k)
+
+
+KILLED = """
+import sys, time
+from pathlib import Path
+from tasks.acquire import archive21k
+from tasks.common.progress import Progress
+slow = Progress.update
+Progress.update = lambda self, n: (time.sleep(0.02), slow(self, n))[1]  # a long decompression, shortened
+archive21k.gunzip(Path(sys.argv[1]), Path(sys.argv[2]), chunk=1 << 16, progress=True)
+"""
+
+
+def test_a_kill_9_while_decompressing_leaves_no_tar_and_the_rerun_removes_its_temporary(tmp_path):
+    gz, raw = tmp_path / "w.tar.gz", tmp_path / "raw"
+    data = os.urandom(8 << 20)
+    gz.write_bytes(gzip.compress(data, mtime=0))
+    raw.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", KILLED, str(gz), str(raw / "w.tar")], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and sum(p.stat().st_size for p in raw.glob(".w.tar.tmp-*")) < 1 << 20:
+        time.sleep(0.005)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    left = list(raw.iterdir())
+    assert [p.name for p in left] == [f".w.tar.tmp-{child.pid}"], left  # partial, never under the final name
+    assert archive21k.gunzip(gz, raw / "w.tar", chunk=1 << 16, progress=False)[2] == len(data)
+    assert [p.name for p in raw.iterdir()] == ["w.tar"]  # the dead run's temporary removed (8 MiB here, 1.3 TB at 21k)
+    # a live writer's temporary is not touched (another process decompressing the same file)
+    (raw / f".w.tar.tmp-{os.getppid()}").write_bytes(b"x")
+    (raw / "w.tar").unlink()
+    archive21k.gunzip(gz, raw / "w.tar", chunk=1 << 16, progress=False)
+    assert (raw / f".w.tar.tmp-{os.getppid()}").exists()

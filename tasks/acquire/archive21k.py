@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import zlib
 from pathlib import Path
 from typing import IO, Any
@@ -47,13 +49,19 @@ def archive_source(params: DownloadParams) -> dict[str, str]:
 # ---------------------------------------------------------------- the .tar.gz, decompressed once
 def gunzip(gz: Path, tar: Path, chunk: int = 8 << 20, progress: bool = True) -> tuple[str, str, int]:
     """Decompress `gz` (every gzip member in turn) into `tar` via a temporary name: (MD5 of gz, MD5 of tar, tar
-    bytes). Memory is bounded by `chunk` whatever the ratio (a gzip bomb inflates a block at a time)."""
+    bytes). Memory is bounded by `chunk` whatever the ratio; the bytes written are bounded by the free space (less
+    the space check's margin) when it starts: a gzip bomb stops there, never fills the disk. A killed run's
+    temporary file is removed first (a dead process's, never a live one's)."""
     digests = hashlib.md5(), hashlib.md5()
     written = 0
+    _remove_dead_temporaries(tar)
+    room = _room(tar.parent)
     bar = Progress(gz.stat().st_size, f"gunzip {gz.name}", enabled=progress)
     try:
         with open(gz, "rb") as fh, atomic_path(tar) as tmp, open(tmp, "wb") as out, bar:
             for block in _inflated(fh, gz, chunk, digests[0], bar):
+                if written + len(block) > room:
+                    raise _bomb(gz, tar, room)
                 digests[1].update(block)
                 out.write(block)
                 written += len(block)
@@ -64,6 +72,44 @@ def gunzip(gz: Path, tar: Path, chunk: int = 8 << 20, progress: bool = True) -> 
             "disk, then run `dvc repro` again"
         ) from None
     return digests[0].hexdigest(), digests[1].hexdigest(), written
+
+
+def _room(directory: Path) -> int:
+    from tasks.acquire.space import SPACE_MARGIN  # (space imports this module)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return max(0, shutil.disk_usage(directory).free - SPACE_MARGIN)
+
+
+def _bomb(gz: Path, tar: Path, room: int) -> PipelineError:
+    from tasks.acquire.space import SPACE_MARGIN
+
+    return PipelineError(
+        f"{gz}: expected it to decompress into at most the {room:,} bytes free on {tar.parent} (less the "
+        f"{SPACE_MARGIN >> 20} MiB margin; a .tar.gz of JPEGs inflates to about its own size, {gz.stat().st_size:,} "
+        "bytes), found more than that (a gzip bomb, or not an archive of JPEGs); nothing was written. Check that "
+        "download.archive names the right file, or free space on paths.raw if it really is that large"
+    )
+
+
+def _remove_dead_temporaries(tar: Path) -> None:
+    """Remove `.<tar>.tmp-<pid>` files (tasks.common.atomic_path's) of processes no longer running: a kill -9
+    mid-decompression leaves one as large as what was written (up to the whole .tar: 1.3 TB at 21k)."""
+    for tmp in tar.parent.glob(f".{tar.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            print(f"{tmp}: removed (left by a decompression that was killed, process {pid})")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _inflated(fh: IO[bytes], gz: Path, chunk: int, md5: Any, bar: Progress) -> Any:

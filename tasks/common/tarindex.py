@@ -106,8 +106,11 @@ def check_member(archive: str, info: tarfile.TarInfo, limit: int | None) -> None
 
 
 def safe_members(tar: tarfile.TarFile, archive: str, limit: int | None) -> Iterator[tarfile.TarInfo]:
-    """The members of `tar` in archive order, each checked (see check_member)."""
+    """The members of `tar` in archive order, each checked (see check_member). tarfile keeps every TarInfo it read
+    (`tar.members`, ~330 B each: 66 MB for a class tar of 200,000 images); nothing here reads them back, so they
+    are let go as the walk goes."""
     while True:
+        tar.members.clear()  # type: ignore[attr-defined]  # (a plain list attribute; typeshed omits it)
         try:
             info = tar.next()
         except tarfile.TarError as err:

@@ -100,7 +100,8 @@ def test_a_concurrent_repro_is_refused_and_kill_9_at_seeded_moments_then_a_rerun
     shutil.rmtree(repo / "data")
     shutil.rmtree(repo / ".dvc/cache", ignore_errors=True)  # no run cache: the stages really run again
     (repo / "dvc.lock").write_bytes(committed)
-    moments = random.Random(28).sample(range(5, 60, 5), 2)  # % of the uninterrupted run's duration
+    seeded = random.Random(28)  # % of the uninterrupted run's duration: one early, one later
+    moments = [seeded.randrange(5, 30), seeded.randrange(30, 60)]
     killed = []
     for percent in moments:
         run = _start(repo)

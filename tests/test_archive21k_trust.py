@@ -126,8 +126,8 @@ def _download(tmp_path: Path, **download) -> dict:
     return download_flow(params_file=str(params))
 
 
-def test_the_decompressed_tar_of_an_earlier_archive_is_removed_before_the_space_check(tmp_path, prefect_api, monkeypatch,
-                                                                                      ):
+def test_the_decompressed_tar_of_an_earlier_archive_is_removed_before_the_space_check(tmp_path, prefect_api,
+                                                                                      monkeypatch):
     src, raw = tmp_path / "src", tmp_path / "raw"
     _gz_archive(src / "a.tar.gz", W[0])
     _gz_archive(src / "b.tgz", W[1])
@@ -165,8 +165,8 @@ def test_a_tar_decompressed_but_never_recorded_in_download_json_is_removed_too(t
     assert archive21k.remove_stale_tars(raw, {"a.tar.gz", "a.tar"}, tmp_path / "work/md5_cache.json") == []
     size = (raw / "a.tar").stat().st_size
     assert archive21k.remove_stale_tars(raw, {"b.tar.gz", "b.tar"}, tmp_path / "work/md5_cache.json") == ["a.tar"]
-    assert f"{raw / 'a.tar'}: removed ({size:,} bytes), decompressed from a .tar.gz for an earlier download.archive " \
-        "that params.yaml no longer names" in capsys.readouterr().out
+    said = f"{raw / 'a.tar'}: removed ({size:,} bytes), decompressed from a .tar.gz for an earlier download.archive"
+    assert said + " that params.yaml no longer names" in capsys.readouterr().out
     _download(tmp_path, source=str(src), archive="a.tar.gz")  # again: with download.json, naming the .tar.gz
     _gz_archive(src / "b.tar.gz", W[1])
     _download(tmp_path, source=str(src), archive="b.tar.gz")

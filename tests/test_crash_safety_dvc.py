@@ -140,8 +140,8 @@ def test_a_stage_of_a_second_run_is_refused_while_the_first_runs_and_takes_over_
         assert holder.stdout.readline() == "claimed\n"
         with pytest.raises(PipelineError) as err:
             claim_run(tmp_path / "work", "download")
-        assert f"{tmp_path / 'work/pipeline-run.json'}: expected no other run of this project's pipeline, found one " \
-            f"running (stage convert, process {holder.pid}: " in str(err.value)
+        said = f"{tmp_path / 'work/pipeline-run.json'}: expected no other run of this project's pipeline, found one"
+        assert said + f" running (stage convert, process {holder.pid}: " in str(err.value)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         stage = subprocess.run([sys.executable, "-m", "flows.download"], cwd=tmp_path, env=env, capture_output=True,
                                text=True, timeout=120)

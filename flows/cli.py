@@ -12,6 +12,7 @@ from typing import Any
 from tasks.common import PipelineError
 from tasks.common.params import load_project
 from tasks.common.prefect_server import shared_server
+from tasks.common.runlock import claim_run
 
 
 def main(
@@ -23,7 +24,8 @@ def main(
 ) -> None:
     """Run `flow_fn(**kwargs)` as the stage's command (what `dvc repro` calls).
 
-    params.yaml is validated whole first, so a bad key fails in a second, before Prefect starts. A PipelineError
+    params.yaml is validated whole first, so a bad key fails in a second, before Prefect starts; then the stage
+    claims the project's pipeline run (tasks.common.runlock: a second `dvc repro` at once is refused). A PipelineError
     (or one of `user_errors`, e.g. imagenet_parquet's FormatError) already says what is wrong and what to do: it is
     printed without a traceback, and the command exits 1.
 
@@ -32,7 +34,8 @@ def main(
     handled: tuple[type[Exception], ...] = (PipelineError, *user_errors)
     try:
         if check_params:
-            load_project(kwargs.get("params_file", "params.yaml"))
+            project = load_project(kwargs.get("params_file", "params.yaml"))
+            claim_run(project.path("work"), getattr(flow_fn, "name", None) or flow_fn.__name__)
         with prefect_api():
             no_traceback_for(handled)
             flow_fn(**kwargs)

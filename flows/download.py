@@ -26,6 +26,7 @@ def _network_failure(_task: Any, _run: Any, state: Any) -> bool:
 
 
 check_local_sources = task(name="check-local-sources")(dl.check_local_sources)
+remove_stale_tars = task(name="remove-stale-tars")(archive21k.remove_stale_tars)
 space_needed = task(name="space-needed")(dl.space_needed)
 check_free_space = task(name="check-free-space")(dl.check_free_space)
 fetch_sample = task(name="write-sample")(dl.fetch_sample)
@@ -40,6 +41,10 @@ write_download_json = task(name="write-download-json")(dl.write_download_json)
 def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]:
     job = dl.plan(load_project(params_file))
     check_local_sources(job.sources, job.root, job.layout is not None)
+    remove_stale_tars(job.raw_dir, set(job.sources) | set((job.layout or {}).values()), job.cache_file)
+    # dvc.yaml keeps download.json (`persist`) so that a refused second `dvc repro` cannot delete it; this run
+    # removes it itself, as DVC did: a failed run leaves none behind to stand for archives it may have changed
+    (job.raw_dir / "download.json").unlink(missing_ok=True)
     needed = space_needed(job.sources, job.raw_dir, job.opts, job.cache_file, job.layout, job.root)
     check_free_space(job.raw_dir, needed)
     records = fetch_sample(job.raw_dir, job.sample, job.cache_file) if job.uses_sample else {}

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import zlib
 from pathlib import Path
 from typing import IO, Any
 
 from tasks.acquire.fetch import FetchOptions, kind, redact, remote_size
 from tasks.acquire.local import local_path
-from tasks.acquire.md5state import cached_md5, remember_md5
+from tasks.acquire.md5state import cached_md5, forget_md5, remember_md5
 from tasks.common import PipelineError, atomic_path
 from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
 from tasks.common.params import DownloadParams
@@ -47,13 +49,19 @@ def archive_source(params: DownloadParams) -> dict[str, str]:
 # ---------------------------------------------------------------- the .tar.gz, decompressed once
 def gunzip(gz: Path, tar: Path, chunk: int = 8 << 20, progress: bool = True) -> tuple[str, str, int]:
     """Decompress `gz` (every gzip member in turn) into `tar` via a temporary name: (MD5 of gz, MD5 of tar, tar
-    bytes). Memory is bounded by `chunk` whatever the ratio (a gzip bomb inflates a block at a time)."""
+    bytes). Memory is bounded by `chunk` whatever the ratio; the bytes written are bounded by the free space (less
+    the space check's margin) when it starts: a gzip bomb stops there, never fills the disk. A killed run's
+    temporary file is removed first (a dead process's, never a live one's)."""
     digests = hashlib.md5(), hashlib.md5()
     written = 0
+    _remove_dead_temporaries(tar)
+    room = _room(tar.parent)
     bar = Progress(gz.stat().st_size, f"gunzip {gz.name}", enabled=progress)
     try:
         with open(gz, "rb") as fh, atomic_path(tar) as tmp, open(tmp, "wb") as out, bar:
             for block in _inflated(fh, gz, chunk, digests[0], bar):
+                if written + len(block) > room:
+                    raise _bomb(gz, tar, room)
                 digests[1].update(block)
                 out.write(block)
                 written += len(block)
@@ -64,6 +72,44 @@ def gunzip(gz: Path, tar: Path, chunk: int = 8 << 20, progress: bool = True) -> 
             "disk, then run `dvc repro` again"
         ) from None
     return digests[0].hexdigest(), digests[1].hexdigest(), written
+
+
+def _room(directory: Path) -> int:
+    from tasks.acquire.space import SPACE_MARGIN  # (space imports this module)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return max(0, shutil.disk_usage(directory).free - SPACE_MARGIN)
+
+
+def _bomb(gz: Path, tar: Path, room: int) -> PipelineError:
+    from tasks.acquire.space import SPACE_MARGIN
+
+    return PipelineError(
+        f"{gz}: expected it to decompress into at most the {room:,} bytes free on {tar.parent} (less the "
+        f"{SPACE_MARGIN >> 20} MiB margin; a .tar.gz of JPEGs inflates to about its own size, {gz.stat().st_size:,} "
+        "bytes), found more than that (a gzip bomb, or not an archive of JPEGs); nothing was written. Check that "
+        "download.archive names the right file, or free space on paths.raw if it really is that large"
+    )
+
+
+def _remove_dead_temporaries(tar: Path) -> None:
+    """Remove `.<tar>.tmp-<pid>` files (tasks.common.atomic_path's) of processes no longer running: a kill -9
+    mid-decompression leaves one as large as what was written (up to the whole .tar: 1.3 TB at 21k)."""
+    for tmp in tar.parent.glob(f".{tar.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            print(f"{tmp}: removed (left by a decompression that was killed, process {pid})")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _inflated(fh: IO[bytes], gz: Path, chunk: int, md5: Any, bar: Progress) -> Any:
@@ -160,6 +206,40 @@ def fetch_gzipped(
             "decompressing it (the file changed in between); run `dvc repro` again"
         )
     return {name: record, tar_name(name): tar}
+
+
+# ---------------------------------------------------------------- an earlier archive's .tar
+def remove_stale_tars(raw_dir: Path, keep: set[str], cache_file: Path) -> list[str]:
+    """Remove from raw_dir every .tar the download stage decompressed from an earlier download.archive (`keep`: the
+    files this run brings). Ours alone (download.json's `gunzip` records, or the MD5 cache while the file is as it
+    was written), never a linked or downloaded archive; removed before the space check, so its room counts."""
+    removed = []
+    for name, origin in sorted(_decompressed_here(raw_dir, cache_file).items()):
+        path = raw_dir / name
+        if name in keep or path.is_symlink() or not path.is_file():
+            continue
+        size = path.stat().st_size
+        path.unlink()
+        forget_md5(path, cache_file)
+        removed.append(name)
+        print(
+            f"{path}: removed ({size:,} bytes), decompressed from {origin} for an earlier download.archive that "
+            "params.yaml no longer names (naming it again decompresses it again)"
+        )
+    return removed
+
+
+def _decompressed_here(raw_dir: Path, cache_file: Path) -> dict[str, str]:
+    """{name of a .tar in raw_dir the download stage wrote by decompressing: the .tar.gz it came from}."""
+    try:
+        records = json.loads((raw_dir / "download.json").read_text(encoding="utf-8"))["archives"]
+        found = {n: str(r["source"]) for n, r in records.items() if r.get("method") == "gunzip"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        found = {}
+    for path in raw_dir.glob("*.tar") if raw_dir.is_dir() else ():
+        if path.name not in found and cached_md5(path, cache_file)[1].startswith(_origin("")):
+            found[path.name] = "a .tar.gz"
+    return found
 
 
 # ---------------------------------------------------------------- verify

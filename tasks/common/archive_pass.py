@@ -35,7 +35,7 @@ from tasks.common.tarindex import Entry, index_archive
 
 BLOCK = 8 << 20  # bytes per sequential read
 DEPTH = 4  # blocks read ahead of the tar walk (memory: (DEPTH + 2) x BLOCK)
-SCANNER = 1  # bump when the index a prescan holds would change (tarindex's rules)
+SCANNER = 2  # bump when the index a prescan holds would change (tarindex's rules)
 PRESCAN_SCHEMA = pa.schema(
     [("wnid", pa.string()), ("name", pa.string()), ("member", pa.string()), ("offset", pa.int64()),
      ("size", pa.int64())]

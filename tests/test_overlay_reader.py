@@ -250,3 +250,27 @@ def test_other_tools_read_the_curated_view(curated):
     assert [row[1] for row in sql] == expected  # column 1: label
     naive = pq.read_table(root / "train", columns=["label"]).num_rows
     assert naive == TOTAL  # what a plain read sees: every image, labels as converted
+
+
+def test_remote_labels_come_from_the_checked_overlay_never_a_fetched_label_chunk(tmp_path):
+    """Issue 28 item 1: bytes flipped in every label column chunk of a remote shard (what gave wrong labels or a raw
+    NaN error before) change nothing a reader yields: labels come from the overlay the listing vouches for."""
+    project = curated_project(tmp_path)
+    want = {int(k): v for k, v in json.loads((tmp_path / "want.json").read_text()).items()}
+    with serving(project["remote"]) as (url, _):
+        ds = ParquetImageDataset.from_dvc(project["node"], "data/parquet", split="train", remote=url,
+                                          cache_dir=tmp_path / "c", transform=identify)
+        for name in ds.files:
+            shard = _object(project["remote"], project["repo"], f"data/parquet/train/{name.name}")
+            meta, data = pq.read_metadata(shard), bytearray(shard.read_bytes())
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                chunk = next(group.column(c) for c in range(group.num_columns) if group.column(c).path_in_schema == "label")
+                middle = chunk.data_page_offset + chunk.total_compressed_size // 2
+                data[middle] ^= 0x5A
+            shard.chmod(0o644)
+            shard.write_bytes(bytes(data))
+        stream = ParquetIterableDataset.from_dvc(project["node"], "data/parquet", split="train", remote=url,
+                                                 cache_dir=tmp_path / "c2", transform=identify, shuffle=False)
+        assert sorted((int(i), int(y)) for i, y in stream) == sorted(want.items())
+        assert _pairs(ds) == sorted(want.items())

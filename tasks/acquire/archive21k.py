@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import zlib
 from pathlib import Path
@@ -28,6 +27,7 @@ from tasks.acquire.md5state import cached_md5, forget_md5, remember_md5
 from tasks.common import PipelineError, atomic_path
 from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
 from tasks.common.params import DownloadParams
+from tasks.common.procs import alive
 from tasks.common.progress import Progress
 
 NOT_COMPARED = "none: no MD5 table (verify.checksums: auto), computed and recorded, not compared"
@@ -97,19 +97,9 @@ def _remove_dead_temporaries(tar: Path) -> None:
     mid-decompression leaves one as large as what was written (up to the whole .tar: 1.3 TB at 21k)."""
     for tmp in tar.parent.glob(f".{tar.name}.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             tmp.unlink(missing_ok=True)
             print(f"{tmp}: removed (left by a decompression that was killed, process {pid})")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _inflated(fh: IO[bytes], gz: Path, chunk: int, md5: Any, bar: Progress) -> Any:

@@ -47,12 +47,13 @@ def _watch(pid: int) -> None:
     if pidfd >= 0:
         select.select([pidfd], [], [])  # readable once the process has exited
     else:
-        while _alive(pid):
+        while alive(pid):
             time.sleep(POLL_S)
     os._exit(1)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one this user may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -58,7 +58,8 @@ def validate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
         cfg.contact_sheet_classes,
         where["overlay"],
     )
-    result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg, where["overlay"])
+    scan = where["work"] / "validate"  # per-shard byte findings kept for shards that did not change (scratch)
+    result = run_checks(where["parquet"], where["manifests"], where["label_map"], cfg, where["overlay"], scan)
     result["changes"] = changes.record_version(where["versions"], result.pop("version"))
     write_reports(result, where["reports"], where["metrics"] / METRICS_FILE)
     write_near_dups(result, where["parquet"], where["reports"])

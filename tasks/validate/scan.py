@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,9 @@ from PIL import Image
 from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index, plain_value
 from tasks.common import SPLITS, PipelineError
 from tasks.common.progress import Progress
+
+if TYPE_CHECKING:
+    from tasks.validate.scan_cache import ScanCache
 
 JPEG_SOI = b"\xff\xd8"
 POOL_MIN_BYTES = 64 << 20  # less than this is checked in-process: a pool's start costs more than it saves
@@ -150,24 +154,46 @@ class ShardScan:
 
 
 def scan_bytes(
-    plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray, workers: int = 1, progress: bool = True
+    plan: list[Shard],
+    meta: pd.DataFrame,
+    decode: np.ndarray,
+    workers: int = 1,
+    progress: bool = True,
+    cache: ScanCache | None = None,
 ) -> ByteFindings:
     """Every shard's stored bytes, read once, checked by `scan_shard` (in a pool of `workers` processes when
-    there is more than one shard); findings merged in shard order, so the result does not depend on `workers`."""
+    there is more than one shard); findings merged in shard order, so the result does not depend on `workers`.
+    `cache`: a shard whose findings it kept for the shard and inputs as they are now is not read (and one that is
+    read has its findings kept there)."""
+    jobs = _jobs(plan, meta, decode)
+    keys = [cache.key(job) if cache else None for job in jobs]
+    parts = [cache.load(job, key) if cache else None for job, key in zip(jobs, keys, strict=True)]
+    todo = [job for job, part in zip(jobs, parts, strict=True) if part is None]
+    if sum(job.path.stat().st_size for job in todo) < POOL_MIN_BYTES:
+        workers = 1
+    findings = ByteFindings()
+    with Progress(len(meta), "validate", unit="img", enabled=progress) as bar, _pool(min(workers, len(todo))) as pool:
+        scanned = pool.map(scan_shard, todo)
+        for job, key, part in zip(jobs, keys, parts, strict=True):
+            if part is None:
+                part = next(scanned)
+                if cache:
+                    cache.store(job, key, part)
+            findings.merge(part)
+            bar.update(job.rows)
+    if cache:
+        cache.prune(jobs)
+    return findings
+
+
+def _jobs(plan: list[Shard], meta: pd.DataFrame, decode: np.ndarray) -> list[ShardScan]:
+    """One ShardScan per shard: its rows' recorded sha256, width × height and decode flag."""
     sha = meta["sha256"].to_numpy() if "sha256" in meta else np.full(len(meta), None)
     size = meta.reindex(columns=["width", "height"]).to_numpy()
-    jobs = [
+    return [
         ShardScan(s.split, s.path, s.first, s.rows, *(a[s.first : s.first + s.rows] for a in (sha, size, decode)))
         for s in plan
     ]
-    findings = ByteFindings()
-    if sum(s.path.stat().st_size for s in plan) < POOL_MIN_BYTES:
-        workers = 1
-    with Progress(len(meta), "validate", unit="img", enabled=progress) as bar, _pool(min(workers, len(jobs))) as pool:
-        for found, job in zip(pool.map(scan_shard, jobs), jobs, strict=True):
-            findings.merge(found)
-            bar.update(job.rows)
-    return findings
 
 
 @contextlib.contextmanager
@@ -303,23 +329,3 @@ def decode_problem(view: memoryview, size: np.ndarray) -> str | None:
     if found != expected:
         return f"decodes to {found[0]}x{found[1]}, the row says {expected[0]}x{expected[1]}"
     return None
-
-
-def decode_mask(meta: pd.DataFrame, sample: int | float | str, seed: int = 0) -> np.ndarray:
-    """Deterministic per-split sample of rows to decode: a count, a fraction in (0, 1], or "all"."""
-    mask = np.zeros(len(meta), dtype=bool)
-    for split in SPLITS:
-        rows = np.flatnonzero((meta["split"] == split).to_numpy())
-        count = sample_size(len(rows), sample)
-        picked = np.random.default_rng(seed).choice(len(rows), size=count, replace=False)
-        mask[rows[picked]] = True
-    return mask
-
-
-def sample_size(rows: int, sample: int | float | str) -> int:
-    """How many of `rows` to decode for the `decode_sample` param (checked by tasks.common.params)."""
-    if sample == "all":
-        return rows
-    if isinstance(sample, float):
-        return min(rows, int(np.ceil(sample * rows)))
-    return min(rows, int(sample))

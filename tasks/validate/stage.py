@@ -35,7 +35,8 @@ from tasks.validate.dataset_checks import (
 from tasks.validate.merged import View, apply_overlays, merged_frame, require_overlays
 from tasks.validate.near_dup import near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
-from tasks.validate.scan import ByteFindings, Shard, decode_mask, list_shards, read_metadata, scan_bytes
+from tasks.validate.scan import ByteFindings, Shard, list_shards, read_metadata, scan_bytes
+from tasks.validate.scan_cache import SCAN_DIR, ScanCache, decode_mask
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
 
@@ -79,12 +80,16 @@ def run_validation(
     label_map_path: str | Path,
     params: ValidateParams,
     overlay_dir: str | Path | None = None,
+    work_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Every check over the dataset; returns the report dict (see tasks.validate.report.build_report).
 
     The shards are checked as converted against the manifests (all rows, labels as stored); the classes, counts,
     leakage, near-duplicates and the decode sample are of the merged view: the curation overlay in `overlay_dir`
-    (None: `<parquet_dir>/../overlay`, where readers find it) applied — labels now, excluded rows dropped."""
+    (None: `<parquet_dir>/../overlay`, where readers find it) applied — labels now, excluded rows dropped.
+    `work_dir` (`<paths.work>/validate`): scratch space where each shard's byte findings are kept (`scan/`) and
+    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan_cache); the
+    report is the same either way. None: every shard's bytes are read."""
     overlays = Path(overlay_dir) if overlay_dir is not None else Path(parquet_dir).parent / OVERLAY_DIR
     curation = require_overlays(overlays)  # before any shard is read
     label_map = read_label_map(label_map_path)
@@ -103,7 +108,8 @@ def run_validation(
     manifest_result, totals = manifest_check(meta, manifests, bad, limit)
     results += [view.result, manifest_result, manifest_label_check(meta, manifests, limit)]
     classes, counts, class_results = _class_checks(merged, label_map, params, Path(manifests_dir))
-    findings = scan_bytes(plan, meta, _decode_rows(meta, merged, params.decode_sample), params.workers)
+    cache = ScanCache(Path(work_dir) / SCAN_DIR) if work_dir is not None else None
+    findings = scan_bytes(plan, meta, _decode_rows(meta, merged, params.decode_sample), params.workers, cache=cache)
     results += class_results + _byte_checks(meta, findings, len(plan), limit)
     results.append(leakage_check(merged, params.leakage_max_pairs, limit))
     views = {s: view.split(meta, s) for s in SPLITS}

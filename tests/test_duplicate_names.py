@@ -17,6 +17,7 @@ from tasks.convert.job import job_from_params
 from tasks.convert.plan import ORDER_KEY, order_rows
 from tasks.extract import stage as extract
 from tasks.extract.holdout import holdout_value, split_holdout
+from tasks.curate import stage as curate
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import make_dataset, small_jpeg
 from tests.helpers.params import project, validate_section
@@ -50,6 +51,7 @@ def test_a_folder_tree_with_one_name_in_every_class_converts_and_passes_validate
         extract.scan_folder_split_to(split, tree, where["work"] / "extract", root=root)
     extract.finalize(where["work"] / "extract", where["manifests"], where["label_map"], mode="folder")
     run_local(job_from_params(setup.params.convert, where, root=root), progress=False)
+    curate.write_overlays(curate.job_from_params(setup))
     report = run_validation(where["parquet"], where["manifests"], where["label_map"], validate_section(**BOUNDS))
     failed = {name: c["message"] for name, c in _checks(report).items() if c["status"] == "fail"}
     assert failed == {}

@@ -209,6 +209,7 @@ def test_a_class_of_only_undecodable_imagefolder_files_keeps_its_label_and_fails
     moves), convert quarantines the file, and validate fails on the class left without images."""
     from tasks.convert.distribute import run_local
     from tasks.convert.job import job_from_params
+    from tasks.curate import stage as curate
     from tasks.validate.stage import run_validation
     from tests.helpers.params import project, validate_section
 
@@ -228,6 +229,7 @@ def test_a_class_of_only_undecodable_imagefolder_files_keeps_its_label_and_fails
     run_local(job_from_params(setup.params.convert, where, root=root), progress=False)
     bad = [json.loads(line) for line in (where["parquet"] / "bad_images.jsonl").read_text().splitlines()]
     assert sorted(b["name"] for b in bad) == ["._a.jpg", "._a.jpg"]
+    curate.write_overlays(curate.job_from_params(setup))
     report = run_validation(where["parquet"], where["manifests"], where["label_map"], validate_section())
     check = next(c for c in report["checks"] if c["name"] == "class_set")
     assert check["status"] == "fail" and "bee" in check["message"], check["message"]

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 
 from flows.cli import main
 from tasks.acquire import archive21k
 from tasks.acquire import download as dl
+from tasks.common.files import remove_dead_temporaries
 from tasks.common.params import load_project
 
 
@@ -42,6 +43,8 @@ def download_flow(params_file: str = "params.yaml") -> dict[str, dict[str, Any]]
     job = dl.plan(load_project(params_file))
     check_local_sources(job.sources, job.root, job.layout is not None)
     remove_stale_tars(job.raw_dir, set(job.sources) | set((job.layout or {}).values()), job.cache_file)
+    for tmp in remove_dead_temporaries(job.raw_dir):  # a killed run's half-written archive (atomic_path's temporary)
+        get_run_logger().info("%s: removed (left by a run that was killed)", tmp)
     # dvc.yaml keeps download.json (`persist`) so that a refused second `dvc repro` cannot delete it; this run
     # removes it itself, as DVC did: a failed run leaves none behind to stand for archives it may have changed
     (job.raw_dir / "download.json").unlink(missing_ok=True)

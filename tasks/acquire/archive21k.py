@@ -14,6 +14,7 @@ to compare with: the MD5 is computed, recorded, and verify says plainly that not
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import shutil
@@ -26,8 +27,8 @@ from tasks.acquire.local import local_path
 from tasks.acquire.md5state import cached_md5, forget_md5, remember_md5
 from tasks.common import PipelineError, atomic_path
 from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
+from tasks.common.files import remove_dead_temporaries
 from tasks.common.params import DownloadParams
-from tasks.common.procs import alive
 from tasks.common.progress import Progress
 
 NOT_COMPARED = "none: no MD5 table (verify.checksums: auto), computed and recorded, not compared"
@@ -93,13 +94,10 @@ def _bomb(gz: Path, tar: Path, room: int) -> PipelineError:
 
 
 def _remove_dead_temporaries(tar: Path) -> None:
-    """Remove `.<tar>.tmp-<pid>` files (tasks.common.atomic_path's) of processes no longer running: a kill -9
-    mid-decompression leaves one as large as what was written (up to the whole .tar: 1.3 TB at 21k)."""
-    for tmp in tar.parent.glob(f".{tar.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-            print(f"{tmp}: removed (left by a decompression that was killed, process {pid})")
+    """Remove `.<tar>.tmp-<pid>` files of processes no longer running: a kill -9 mid-decompression leaves one as
+    large as what was written (up to the whole .tar: 1.3 TB at 21k); removed before the space check counts room."""
+    for tmp in remove_dead_temporaries(tar.parent, glob.escape(tar.name)):
+        print(f"{tmp}: removed (left by a decompression that was killed, process {tmp.name.rsplit('-', 1)[1]})")
 
 
 def _inflated(fh: IO[bytes], gz: Path, chunk: int, md5: Any, bar: Progress) -> Any:

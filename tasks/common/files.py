@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common.errors import PipelineError
+from tasks.common.procs import alive
 
 
 @contextlib.contextmanager
@@ -26,6 +28,7 @@ def atomic_path(final: str | os.PathLike[str], key: str | None = None) -> Iterat
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         _remove(tmp)
+        remove_dead_temporaries(final.parent, glob.escape(final.name))
         try:
             yield tmp
             if final.is_dir() and not final.is_symlink():
@@ -33,6 +36,18 @@ def atomic_path(final: str | os.PathLike[str], key: str | None = None) -> Iterat
             os.replace(tmp, final)
         finally:
             _remove(tmp)
+
+
+def remove_dead_temporaries(directory: Path, name: str = "*") -> list[Path]:
+    """Remove the temporary files of `atomic_path` (`.<name>.tmp-<pid>`) in `directory` whose process is gone: a
+    kill -9 mid-write leaves one (as large as what was written); a live process's (another run's) is never touched."""
+    removed = []
+    for tmp in sorted(Path(directory).glob(f".{name}.tmp-*")):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+            _remove(tmp)
+            removed.append(tmp)
+    return removed
 
 
 @contextlib.contextmanager

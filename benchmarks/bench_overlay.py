@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import multiprocessing
@@ -274,6 +275,16 @@ def cmd_versions(args: argparse.Namespace) -> None:
               f"{r['wall_s'] / noop_wall:>10.1f}x{r['cpu_s'] / noop_cpu:>9.1f}x")
 
 
+def unedited_relabel(project: Path, wnids: list[str], r: int) -> str:
+    """A relabel line for a train image of class `r` that no curation line names yet (versions edits images 0-1 and
+    the last ones of a class; earlier `stages` runs edit from image 10 on), so a rerun of `stages` is again an edit
+    and curate never sees a duplicate line."""
+    c = wnids[r]
+    said = "".join((project / "curation" / f).read_text() for f in ("relabel.csv", "exclude.csv"))
+    i = next(i for i in itertools.count(10) if f",{c}_{i:05d}.JPEG," not in said)
+    return f"train,{c},{c}_{i:05d}.JPEG,{wnids[r + 1]},bench stages"
+
+
 def cmd_stages(args: argparse.Namespace) -> None:
     """What a curation edit's `dvc repro` is made of: each stage it reruns, forced alone, and a no-op repro."""
     project, env = WORK / args.name / "project", env_for()
@@ -282,16 +293,13 @@ def cmd_stages(args: argparse.Namespace) -> None:
     wnids = sorted(shipped_synsets())
     with prefect_server(WORK / args.name / "prefect-stages.log") as env["PREFECT_API_URL"]:
         for r in range(args.rounds):
-            c = wnids[r]  # a train image not edited yet (versions edits images 0-1 and the last ones of a class)
-            line = f"train,{c},{c}_{10 + r:05d}.JPEG,{wnids[r + 1]},bench stages"
-            curate_line = f"train,{c},{c}_{12 + r:05d}.JPEG,{wnids[r + 1]},bench stages"
             for name, cmd in (("no-op dvc repro", ["dvc", "repro"]),
                               ("edit: 1 relabel, dvc repro", ["dvc", "repro"]),
                               ("edit: 1 relabel, repro curate", ["dvc", "repro", "curate"]),
                               ("dvc repro -f -s curate", ["dvc", "repro", "-f", "-s", "curate"]),
                               ("dvc repro -f -s validate", ["dvc", "repro", "-f", "-s", "validate"])):
                 if name.startswith("edit"):
-                    append(project / "curation/relabel.csv", [curate_line if name.endswith("curate") else line])
+                    append(project / "curation/relabel.csv", [unedited_relabel(project, wnids, r)])
                 rows.append((name, *timed(cmd, project, env)))
                 print(rows[-1], flush=True)
     print(f"\nbench_overlay stages {args.name}: each forced alone, {args.rounds} rounds (medians)")

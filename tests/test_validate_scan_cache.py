@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.validate import scan, stage
+from tasks.validate import shard_bytes, stage
 from tasks.validate.report import write_reports
 from tasks.validate.scan_cache import SCAN_DIR, decode_mask
 from tasks.validate.stage import run_validation
@@ -27,13 +27,13 @@ from tests.helpers.params import validate_section
 def scans(monkeypatch) -> list[str]:
     """The shards scan_shard reads (split/name), in order."""
     seen: list[str] = []
-    original = scan.scan_shard
+    original = shard_bytes.scan_shard
 
-    def counted(job: scan.ShardScan) -> scan.ByteFindings:
+    def counted(job: shard_bytes.ShardScan) -> shard_bytes.ByteFindings:
         seen.append(f"{job.split}/{job.path.name}")
         return original(job)
 
-    monkeypatch.setattr(scan, "scan_shard", counted)
+    monkeypatch.setattr(shard_bytes, "scan_shard", counted)
     return seen
 
 

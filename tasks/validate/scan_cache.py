@@ -32,7 +32,7 @@ from imagenet_parquet.format import FormatError
 from imagenet_parquet.overlay import footer_digest, footer_tail
 from tasks.common import SPLITS, write_json
 from tasks.common.files import UnfitFile, read_small_text
-from tasks.validate.scan import ByteFindings, ShardScan
+from tasks.validate.shard_bytes import ByteFindings, ShardScan
 
 SCANNER_VERSION = 1  # bump when scan_shard's checks or messages change: every kept finding is then rescanned
 SCAN_DIR = "scan"  # under the validate work directory

@@ -35,8 +35,9 @@ from tasks.validate.dataset_checks import (
 from tasks.validate.merged import View, apply_overlays, merged_frame, require_overlays
 from tasks.validate.near_dup import near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
-from tasks.validate.scan import ByteFindings, Shard, list_shards, read_metadata, scan_bytes
+from tasks.validate.scan import Shard, list_shards, read_metadata, scan_bytes
 from tasks.validate.scan_cache import SCAN_DIR, ScanCache, decode_mask
+from tasks.validate.shard_bytes import ByteFindings
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
 

@@ -43,19 +43,26 @@ def version_index(
     index: dict[str, Any] = {"label_map": labels, "classes": {}, "shards": {}}
     for split in SPLITS:
         rows, kept = stored[stored["split"] == split], merged[merged["split"] == split]
+        images = _grouped(kept["wnid"], kept["image_path"], kept["sha256"])
         index["classes"][split] = {
-            wnid: {
-                "count": len(group),
-                "digest": _digest(sorted(zip(group["image_path"], group["sha256"], strict=True))),
-            }
-            for wnid, group in sorted(kept.groupby("wnid"), key=lambda item: str(item[0]))
+            wnid: {"count": len(group), "digest": _digest(sorted(group))} for wnid, group in images.items()
         }
+        shards = _grouped(rows["shard"], rows["image_path"], rows["label"], rows["sha256"])
         index["shards"][split] = {
-            str(shard): _digest([labels, group[["image_path", "label", "sha256"]].values.tolist()])
-            for shard, group in sorted(rows.groupby("shard"), key=lambda item: str(item[0]))
+            shard: _digest([labels, [list(row) for row in group]]) for shard, group in shards.items()
         }
     index["curated"] = curated_lines(curation)
     return index
+
+
+def _grouped(keys: pd.Series, *columns: pd.Series) -> dict[str, list[tuple[Any, ...]]]:
+    """The rows' (columns...) tuples per key, in row order, keys sorted by their string (one pass: a pandas groupby
+    per split costs ~1 s at 1,000 classes and 600 shards)."""
+    groups: dict[Any, list[tuple[Any, ...]]] = {}
+    for key, *values in zip(keys.tolist(), *(c.tolist() for c in columns), strict=True):
+        if key is not None and key == key:  # no NaN or None key, as pandas' groupby drops them
+            groups.setdefault(key, []).append(tuple(values))
+    return {str(key): groups[key] for key in sorted(groups, key=str)}
 
 
 def curated_lines(curation: dict[str, Any]) -> list[list[Any]]:

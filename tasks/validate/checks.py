@@ -112,11 +112,16 @@ def shard_schema_check(files: list[tuple[str, Path, Any]], label_map: dict[str, 
     and label_map.json."""
     expected = [(name, str(dtype)) for name, dtype in FIELDS]
     bad_types, bad_meta = [], []
+    seen: dict[tuple[str, bytes | None, bytes | None], str | None] = {}  # a split's shards share one metadata
     for split, path, schema in files:
         found = [(f.name, str(f.type)) for f in schema]
         if found != expected:
             bad_types.append({"split": split, "shard": path.name, "found": _diff(expected, found)})
-        problem = _metadata_problem(schema.metadata or {}, split, label_map)
+        metadata = schema.metadata or {}
+        key = (split, metadata.get(b"imagenet_parquet"), metadata.get(b"huggingface"))
+        if key not in seen:
+            seen[key] = _metadata_problem(metadata, split, label_map)
+        problem = seen[key]
         if problem:
             bad_meta.append({"split": split, "shard": path.name, "found": problem})
     return [

@@ -179,7 +179,7 @@ def read_fingerprints(
     `views`: per split the overlay's (labels, keep) of every row in shard order (None: the shards as converted)."""
     found: dict[str, Fingerprints] = {}
     for split, paths in list_shards(parquet_dir).items():
-        parts = []
+        columns: dict[str, list[np.ndarray]] = {"phash": [], "valid": [], "label": [], "shard": [], "row": []}
         for i, path in enumerate(paths):
             shard = pq.ParquetFile(path)
             reason = unchecked_reason(shard.schema_arrow)
@@ -187,18 +187,12 @@ def read_fingerprints(
                 return {}, reason
             table = shard.read(columns=["label", FINGERPRINT_COLUMN], use_threads=False)
             prints = table.column(FINGERPRINT_COLUMN)
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "phash": prints.fill_null(0).to_numpy(),
-                        "valid": prints.is_valid().to_numpy(zero_copy_only=False),
-                        "label": table.column("label").to_numpy().astype(np.int32),
-                        "shard": np.full(len(table), i, dtype=np.int32),
-                        "row": np.arange(len(table), dtype=np.int32),
-                    }
-                )
-            )
-        frame = pd.concat(parts, ignore_index=True)
+            columns["phash"].append(prints.fill_null(0).to_numpy())
+            columns["valid"].append(prints.is_valid().to_numpy(zero_copy_only=False))
+            columns["label"].append(table.column("label").to_numpy().astype(np.int32))
+            columns["shard"].append(np.full(len(table), i, dtype=np.int32))
+            columns["row"].append(np.arange(len(table), dtype=np.int32))
+        frame = pd.DataFrame({name: np.concatenate(parts) for name, parts in columns.items()})
         frame["source"] = frame["label"]
         if views is not None and split in views:
             labels, keep = views[split]

@@ -54,7 +54,7 @@ def list_shards(parquet_dir: str | Path) -> dict[str, list[Path]]:
     return found
 
 
-def _read_shard_metadata(path: Path) -> tuple[pd.DataFrame, pq.FileMetaData]:
+def _read_shard_metadata(path: Path) -> tuple[pa.Table, pq.FileMetaData]:
     """The metadata columns present in one shard (image.path flattened to `image_path`), no image bytes; and its
     footer."""
     try:
@@ -66,12 +66,12 @@ def _read_shard_metadata(path: Path) -> tuple[pd.DataFrame, pq.FileMetaData]:
         ) from None
     present = set(pf.schema_arrow.names) | {f"image.{f.name}" for f in _image_fields(pf.schema_arrow)}
     table = pf.read(columns=[c for c in SMALL_COLUMNS if c in present], use_threads=False)
-    frame = table.drop_columns([c for c in ["image"] if c in table.column_names]).to_pandas()
-    if "image.path" in present:
-        frame.insert(0, "image_path", table.column("image").combine_chunks().field("path").to_pandas())
-    frame["shard"] = path.name
-    frame["row"] = np.arange(len(frame), dtype=np.int64)
-    return frame, pf.metadata
+    if "image" in table.column_names:
+        names = table.column("image").combine_chunks().field("path") if "image.path" in present else None
+        table = table.drop_columns(["image"])
+        if names is not None:
+            table = table.add_column(0, "image_path", names)
+    return table, pf.metadata
 
 
 def _image_fields(schema: pa.Schema) -> list[pa.Field]:
@@ -81,16 +81,24 @@ def _image_fields(schema: pa.Schema) -> list[pa.Field]:
 
 
 def read_metadata(shards: dict[str, list[Path]]) -> tuple[pd.DataFrame, list[Shard]]:
-    """All splits' metadata rows in split → shard → row order (the frame's RangeIndex), and the shard plan."""
-    frames, plan, first = [], [], 0
+    """All splits' metadata rows in split → shard → row order (the frame's RangeIndex), and the shard plan. The
+    shards' columns are joined in Arrow and converted once (a shard without a column has nulls there)."""
+    tables, plan, first = [], [], 0
     for split in SPLITS:
         for path in shards[split]:
-            frame, footer = _read_shard_metadata(path)
-            frame.insert(0, "split", split)
-            frames.append(frame)
-            plan.append(Shard(split, path, first, len(frame), footer))
-            first += len(frame)
-    return pd.concat(frames, ignore_index=True), plan
+            table, footer = _read_shard_metadata(path)
+            tables.append(table)
+            plan.append(Shard(split, path, first, table.num_rows, footer))
+            first += table.num_rows
+    try:
+        frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):  # types that do not unify: as they are
+        frame = pd.concat([t.to_pandas() for t in tables], ignore_index=True)
+    counts = [s.rows for s in plan]
+    frame.insert(0, "split", np.repeat(np.array([s.split for s in plan], dtype=object), counts))
+    frame["shard"] = np.repeat(np.array([s.path.name for s in plan], dtype=object), counts)
+    frame["row"] = np.concatenate([np.arange(n, dtype=np.int64) for n in counts] or [np.zeros(0, np.int64)])
+    return frame, plan
 
 
 def iter_row_groups(

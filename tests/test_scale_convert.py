@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tasks.convert import stage
+from tasks.convert import sources as stage  # the reads convert makes of the image bytes
 from tasks.convert.distribute import run_local
 from tasks.convert.plan import order_hash
 from tests.helpers.datasets import flat_dataset, make_job, read_rows

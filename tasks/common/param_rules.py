@@ -1,5 +1,6 @@
-"""Value rules the params models (tasks/common/params.py) apply: no secret in a URL, every `paths:` entry inside the
-project. Plain functions, used as pydantic validators there (and by anything else that must judge the same values)."""
+"""Value rules the params models (tasks/common/param_sections.py) apply: no secret in a URL, every `paths:` entry
+inside the project. Plain functions, used as pydantic validators there (and by anything else that must judge the
+same values)."""
 
 from __future__ import annotations
 

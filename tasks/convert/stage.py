@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -40,9 +39,9 @@ from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
 from tasks.convert.plan import Rows, ShardPlan, finished_stats, ordered, plan_split, remove_stale
+from tasks.convert.sources import Sources
 from tasks.convert.writer import write_shard
 
-PREFETCH_BYTES = 32 << 20  # image bytes asked of the kernel ahead of the encoder (page cache, no memory here)
 MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # what convert reads of a manifest
 
 
@@ -160,7 +159,7 @@ def _encoded_rows(
 ) -> Iterator[dict[str, Any]]:
     """Read the images through the manifest (pread, a row group's worth at a time in archive-offset order), apply
     the policy, yield rows in the shard's order and the schema's layout."""
-    with _Sources(job.root) as sources:
+    with Sources(job.root) as sources:
         for group, images in sources.groups(rows, job.row_group_rows):
             for row, data in zip(group, images, strict=True):
                 try:
@@ -197,78 +196,6 @@ def _shard_row(
         "sha256": hashlib.sha256(enc.data).hexdigest(),
         "phash": phash,
     }
-
-
-class _Sources:
-    """Open source files (relative to the repo root), one at a time: archives are read by many rows in a row.
-
-    The kernel's own readahead is off (POSIX_FADV_RANDOM): in hashed order a shard's images lie all over the
-    archive, and every byte read is asked for exactly (WILLNEED) a group ahead, so nothing is read twice."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.fd = root, -1
-        self.path: str | None = None  # the source `fd` has open
-
-    def __enter__(self) -> _Sources:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def groups(self, rows: list[dict[str, Any]], size: int) -> Iterator[tuple[list[dict[str, Any]], list[bytes]]]:
-        """`rows` in groups of `size` with their image bytes; each group is read in (source, offset) order — one
-        forward sweep over the archive — while the kernel fetches the next ~PREFETCH_BYTES of that read order."""
-        size = max(1, size)
-        starts = range(0, len(rows), size)
-        sequence = [
-            j for k in starts for j in sorted(range(k, min(k + size, len(rows))), key=lambda j: _disk_order(rows[j]))
-        ]
-        data: dict[int, bytes] = {}
-        ahead = mark = 0  # sequence[:ahead] asked of the kernel; ask for more once sequence[mark] is read
-        for n, j in enumerate(sequence):
-            data[j] = self.read(rows[j]["source"], rows[j]["offset"], rows[j]["size"])
-            if n >= mark:  # keep ~PREFETCH_BYTES of the next images on their way from disk while these encode
-                ahead = self._prefetch(rows, sequence, max(ahead, n + 1))
-                mark = (n + ahead) // 2
-            if (n + 1) % size == 0 or n + 1 == len(sequence):
-                first = n // size * size
-                yield rows[first : first + size], [data.pop(i) for i in range(first, min(first + size, len(rows)))]
-
-    def read(self, source: str, offset: int, size: int) -> bytes:
-        self._open(source)
-        return read_exact(self.fd, size, offset, source)
-
-    def _open(self, source: str) -> None:
-        if source == self.path:
-            return
-        self.__exit__()
-        try:
-            self.fd = os.open(self.root / source, os.O_RDONLY)
-        except OSError as err:
-            raise PipelineError(
-                f"{source}: expected the file named by the manifest, found {err.strerror}; "
-                "re-run `dvc repro` (download, verify, extract)"
-            ) from None
-        self.path = source
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
-
-    def _prefetch(self, rows: list[dict[str, Any]], sequence: list[int], start: int) -> int:
-        """posix_fadvise(WILLNEED) for rows[sequence[start:]] of the open source, up to PREFETCH_BYTES; the first
-        position not asked for (folder mode, one file per row: nothing is asked, the kernel reads small files
-        whole)."""
-        end, asked = start, 0
-        while end < len(sequence) and asked < PREFETCH_BYTES and rows[sequence[end]]["source"] == self.path:
-            row = rows[sequence[end]]
-            os.posix_fadvise(self.fd, row["offset"], row["size"], os.POSIX_FADV_WILLNEED)
-            asked += row["size"]
-            end += 1
-        return end
-
-
-def _disk_order(row: dict[str, Any]) -> tuple[str, int]:
-    return row["source"], row["offset"]
 
 
 def _manifest(path: Path) -> pa.Table:
@@ -377,13 +304,3 @@ def _check_bad_fraction(job: Job, metrics: dict[str, Any]) -> None:
                 f"in split '{split}', found {s['bad_images']} of {total} ({fraction:.4%}); inspect the reasons "
                 "in that file, fix or drop the sources, or raise `convert.max_bad_fraction` in params.yaml"
             )
-
-
-def read_exact(fd: int, size: int, offset: int, source: str) -> bytes:
-    data = os.pread(fd, size, offset)
-    if len(data) != size:
-        raise PipelineError(
-            f"{source}: expected {size} bytes at offset {offset} (from the manifest), found {len(data)}; the "
-            "archive changed after extraction — re-run `dvc repro` from the verify stage"
-        )
-    return data

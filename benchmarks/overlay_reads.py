@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-WORK = Path(__file__).resolve().parents[1] / "benchmarks" / "_work" / "overlay"
+WORK = Path(__file__).resolve().parent / "_work" / "overlay"
 
 
 # ------------------------------------------------------------------------------------------------ overlays

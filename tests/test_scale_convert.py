@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tasks.convert import sources as stage  # the reads convert makes of the image bytes
+from tasks.convert import sources
 from tasks.convert.distribute import run_local
 from tasks.convert.plan import order_hash
 from tests.helpers.datasets import flat_dataset, make_job, read_rows
@@ -25,13 +25,13 @@ def test_images_are_asked_of_the_kernel_ahead_of_their_read_once_each_and_in_bud
     tar = flat_dataset(tmp_path, images)
     advised: list[tuple[int, int]] = []
     reads: list[tuple[int, int, int]] = []  # (offset, size, advised so far)
-    real_read = stage.read_exact
-    monkeypatch.setattr(stage.os, "posix_fadvise", lambda fd, o, n, advice: advice == os.POSIX_FADV_WILLNEED and
+    real_read = sources.read_exact
+    monkeypatch.setattr(sources.os, "posix_fadvise", lambda fd, o, n, advice: advice == os.POSIX_FADV_WILLNEED and
                         advised.append((o, n)))
-    monkeypatch.setattr(stage, "read_exact", lambda fd, n, o, src: reads.append((o, n, len(advised))) or
+    monkeypatch.setattr(sources, "read_exact", lambda fd, n, o, src: reads.append((o, n, len(advised))) or
                         real_read(fd, n, o, src))
     budget = 5 * max(len(d) for *_, d in images)
-    monkeypatch.setattr(stage, "PREFETCH_BYTES", budget)
+    monkeypatch.setattr(sources, "PREFETCH_BYTES", budget)
     job = make_job(tmp_path, workers=1)
     run_local(job, progress=False)
     assert len(read_rows(job)) == 40
@@ -49,8 +49,8 @@ def test_hashed_order_reads_each_row_group_in_one_forward_sweep_over_the_archive
     images = [(f"n0000000{i % 4}", f"img_{i:03d}.JPEG", noisy_jpeg(i, size=(32, 24))) for i in range(60)]
     flat_dataset(tmp_path, images)
     reads: list[int] = []
-    real_read = stage.read_exact
-    monkeypatch.setattr(stage, "read_exact", lambda fd, n, o, src: reads.append(o) or real_read(fd, n, o, src))
+    real_read = sources.read_exact
+    monkeypatch.setattr(sources, "read_exact", lambda fd, n, o, src: reads.append(o) or real_read(fd, n, o, src))
     job = make_job(tmp_path, workers=1, row_group_rows=8)
     run_local(job, progress=False)
     rows = read_rows(job)
@@ -68,7 +68,7 @@ def test_the_output_is_the_same_with_prefetch_off(tmp_path, monkeypatch, policy)
     for budget in (0, 1 << 20):
         root = tmp_path / f"b{budget}"
         flat_dataset(root, images)
-        monkeypatch.setattr(stage, "PREFETCH_BYTES", budget)
+        monkeypatch.setattr(sources, "PREFETCH_BYTES", budget)
         job = make_job(root, policy=policy)
         run_local(job, progress=False)
         outputs.append([r["image"]["bytes"] for r in read_rows(job)])

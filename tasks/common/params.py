@@ -24,8 +24,6 @@ from pydantic.fields import FieldInfo
 
 from tasks.common.errors import PipelineError
 from tasks.common.param_sections import (
-    ARCHIVE_SUFFIXES,
-    SPEED_ONLY,
     ConvertParams,
     CurateParams,
     DownloadParams,
@@ -40,10 +38,8 @@ from tasks.common.param_sections import (
 )
 
 __all__ = [  # the sections' models are re-exported: `from tasks.common.params import ConvertParams` stays the way
-    "ARCHIVE_SUFFIXES",
     "NESTED",
     "SECTIONS",
-    "SPEED_ONLY",
     "STAGE_SECTIONS",
     "ConvertParams",
     "CurateParams",

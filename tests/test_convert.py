@@ -259,6 +259,18 @@ def test_missing_inputs_fail_clearly(tmp_path):
         prepare(make_job(tmp_path))
 
 
+def test_an_archive_cut_short_after_extract_fails_clearly_and_leaves_no_shard(tmp_path):
+    """The manifest's (offset, size) past the end of a replaced, shorter archive: one error naming the archive, the
+    offset and what to rerun; no shard under a final name, nothing half-written beside it."""
+    images = [(f"n0{i % 2}", f"img_{i:02d}.JPEG", noisy_jpeg(i)) for i in range(6)]
+    tar = flat_dataset(tmp_path, images)
+    tar.write_bytes(tar.read_bytes()[: tar.stat().st_size // 2])
+    job = make_job(tmp_path, workers=1)
+    with pytest.raises(PipelineError, match=r"data/raw/train.tar: expected \d+ bytes at offset \d+ \(from the "
+                       r"manifest\), found \d+; the archive changed after extraction"):
+        run_local(job, progress=False)
+    assert sorted(p.name for p in (job.parquet / "train").glob("*")) == []
+
 def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypatch):
     import tasks.convert.writer
 

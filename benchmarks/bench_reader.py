@@ -12,6 +12,13 @@ first; cold runs evict every benchmark file from the page cache before each load
 each file: no root needed, nothing else on the machine is touched). Warm and cold runs are both interleaved
 rounds; the best round counts.
 
+Issue 37 rows (decode only what the crop needs): "TrainCrop" readers (`crop=TrainCrop(224)`: the crop box from
+the header, the JPEG decoded at the largest DCT scale that keeps the box >= 224 px, only the box resized; simplejpeg
+when installed, or "Pillow decoder") and their in-RAM ceiling, beside the folder, the decode ceiling, HF datasets
+and today's path; "eval:" rows compare Resize(256) + CenterCrop(224) on the folder with `crop=EvalCrop(224, 256)`;
+"max-side-320" rows read shards converted with `convert.max_side: 320` (the bounded-side copy), compared with the
+folder of originals. CPU ms/img = 1000 / (images per CPU-second of the main process and its workers).
+
 Issue 13 rows: "read_ahead=0" / "no batch WILLNEED" are the readers without read-ahead (the baseline, same run);
 "remote (HTTP loopback)" trains with `ParquetIterableDataset.from_dvc` from a DVC-layout remote directory
 (files/md5/xx/..., written here like `dvc push` writes it) served by tests/helpers/range_files.py on 127.0.0.1,
@@ -48,7 +55,9 @@ from torch.utils.data import DataLoader, Dataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image  # noqa: E402
+from imagenet_parquet import (  # noqa: E402
+    EvalCrop, ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, TrainCrop, decode_image,
+)
 from imagenet_parquet.format import decode_image_index  # noqa: E402
 from imagenet_parquet.pieces import Pieces  # noqa: E402
 from imagenet_parquet.shards import row_group_span  # noqa: E402
@@ -91,6 +100,23 @@ class RandomResizedCropFlip:
         return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
+class ResizeCenterCrop:
+    """torchvision's Resize(256) + CenterCrop(224) on a PIL image (its size arithmetic) + PILToTensor."""
+
+    def __init__(self, resize: int = 256, size: int = 224):
+        self.resize, self.size = resize, size
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        w, h = img.size
+        short, long = (w, h) if w <= h else (h, w)
+        new_long = int(self.resize * long / short)
+        new_w, new_h = (self.resize, new_long) if w <= h else (new_long, self.resize)
+        img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
+        top, left = int(round((new_h - self.size) / 2.0)), int(round((new_w - self.size) / 2.0))
+        img = img.crop((left, top, left + self.size, top + self.size))
+        return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
 class FolderDataset(Dataset):
     """What torchvision's ImageFolder does per item: PIL open + convert('RGB') + transform."""
 
@@ -108,15 +134,17 @@ class FolderDataset(Dataset):
 
 
 class InMemoryDataset(Dataset):
-    """The decode-only ceiling: the same bytes, already in RAM."""
+    """The decode-only ceiling: the same bytes, already in RAM (`crop`: the crop path decodes them instead)."""
 
-    def __init__(self, blobs: list[bytes], labels: list[int], transform: Callable):
-        self.blobs, self.labels, self.transform = blobs, labels, transform
+    def __init__(self, blobs: list[bytes], labels: list[int], transform: Callable, crop: Callable | None = None):
+        self.blobs, self.labels, self.transform, self.crop = blobs, labels, transform, crop
 
     def __len__(self) -> int:
         return len(self.blobs)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
+        if self.crop is not None:
+            return self.crop(self.blobs[i]), self.labels[i]
         return self.transform(decode_image(self.blobs[i])), self.labels[i]
 
 
@@ -155,13 +183,13 @@ def write_inputs(work: Path, samples: list[tuple[str, int]]) -> tuple[Path, Path
 
 
 def convert(work: Path, manifests: Path, label_map: Path, name: str, resize: int | None, workers: int,
-            row_group_rows: int | None = None) -> Path:
+            row_group_rows: int | None = None, max_side: int | None = None) -> Path:
     """Shards by the convert stage's own code and params.yaml defaults (row groups, shard size, quality)."""
     out = work / "shards" / name  # reused on the next run (same images, same params)
     if (out / "train").is_dir() and any((out / "train").glob("*.parquet")):
         return out
     cfg = load_project(REPO / "params.yaml").params.convert
-    policy = Policy(policy=cfg.policy, quality=cfg.quality, resize_shorter=resize, exif=cfg.exif)
+    policy = Policy(policy=cfg.policy, quality=cfg.quality, resize_shorter=resize, exif=cfg.exif, max_side=max_side)
     job = Job(manifests=manifests, label_map=label_map, parquet=out, work=work / "convert-work" / name,
               metrics=work / "convert-work" / name / "convert.json", policy=policy, shard_mb=cfg.shard_mb,
               row_group_rows=row_group_rows or cfg.row_group_rows, max_bad_fraction=cfg.max_bad_fraction, root=REPO)
@@ -276,25 +304,33 @@ def dvc_remote(work: Path, shards: Path) -> Path:
 
 
 def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: Path, tf: Callable,
-            remote: tuple[Path, str]) -> dict[str, Callable]:
-    def ceiling(root: Path) -> Callable:
+            remote: tuple[Path, str], bounded: Path) -> dict[str, Callable]:
+    def ceiling(root: Path, transform: Callable = tf, crop: Callable | None = None) -> Callable:
         def run(args):
             ds = ParquetImageDataset(root, "train", decode=False)
             blobs = [ds[i][0] for i in range(len(ds))]
-            return epoch(InMemoryDataset(blobs, ds.targets.tolist(), tf), args, shuffle=True)
+            return epoch(InMemoryDataset(blobs, ds.targets.tolist(), transform, crop), args, shuffle=True)
         return run
 
-    def mapped(root: Path, sampler: bool, batch_hint: bool = True) -> Callable:
+    def mapped(root: Path, sampler: bool, batch_hint: bool = True, crop: Callable | None = None) -> Callable:
         def run(args):
-            ds = (ParquetImageDataset if batch_hint else NoBatchHint)(root, "train", transform=tf)
+            kind = ParquetImageDataset if batch_hint else NoBatchHint
+            ds = kind(root, "train", transform=None if crop else tf, crop=crop)
             if sampler:
                 return epoch(ds, args, sampler=RowGroupSampler(ds, seed=1, window=4))
             return epoch(ds, args, shuffle=True)
         return run
 
-    def iterable(root: Path, read_ahead: int = 2) -> Callable:
-        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=tf, seed=1, read_ahead=read_ahead,
-                                                         shuffle_buffer=args.shuffle_buffer), args)
+    def iterable(root: Path, read_ahead: int = 2, crop: Callable | None = None) -> Callable:
+        return lambda args: epoch(ParquetIterableDataset(root, "train", transform=None if crop else tf, seed=1,
+                                                         read_ahead=read_ahead, shuffle_buffer=args.shuffle_buffer,
+                                                         crop=crop), args)
+
+    def hf(args):
+        from bench_peers import hf_run  # noqa: PLC0415 - the peers benchmark imports this module
+
+        run = hf_run(shards, args.work, tf)
+        return (0.0, 1e-9, args.images, 0.0) if isinstance(run, str) else run(args)
 
     return {
         "folder of JPEGs (ImageFolder equivalent)": lambda args: epoch(FolderDataset(folder, tf), args, shuffle=True),
@@ -312,6 +348,17 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
         "resized-256: ceiling (bytes in RAM)": ceiling(resized),
         "resized-256: reader map-style, random": mapped(resized, False),
         "resized-256: reader iterable": iterable(resized),
+        "HF datasets from Parquet": hf,
+        "reader iterable + TrainCrop (crop-first decode)": iterable(shards, crop=TrainCrop(224)),
+        "reader iterable + TrainCrop, Pillow decoder": iterable(shards, crop=TrainCrop(224, decoder="pillow")),
+        "reader map-style + TrainCrop, random": mapped(shards, False, crop=TrainCrop(224)),
+        "TrainCrop ceiling (bytes in RAM)": ceiling(shards, crop=TrainCrop(224)),
+        "eval: folder of JPEGs, Resize 256 + CenterCrop 224": lambda args: epoch(
+            FolderDataset(folder, ResizeCenterCrop()), args, shuffle=False),
+        "eval: reader map-style + EvalCrop": mapped(shards, False, crop=EvalCrop(224, resize=256)),
+        "eval: ceiling, Resize + CenterCrop (bytes in RAM)": ceiling(shards, ResizeCenterCrop()),
+        "max-side-320: reader iterable + TrainCrop": iterable(bounded, crop=TrainCrop(224)),
+        "max-side-320: reader iterable, full decode": iterable(bounded),
     }
 
 
@@ -335,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     args.work = args.work / f"{args.images}-images"
-    folder, shards, resized, small = prepare(args)
+    folder, shards, resized, small, bounded = prepare(args)
     if args.verify_only:
         print_verify_cost({"passthrough": shards, "resized-256": resized}, args.rounds)
         return
@@ -346,9 +393,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         url = server.stdout.readline().strip()
         runs = {name: run for name, run in loaders(folder, shards, resized, small, RandomResizedCropFlip(),
-                                                   (checkout, url)).items()
+                                                   (checkout, url), bounded).items()
                 if any(t in name for t in args.only.split(","))
-                or not args.no_baselines and ("ceiling" in name or name.startswith("folder"))}
+                or not args.no_baselines and ("ceiling (bytes" in name or name.startswith("folder"))}
         warm([Path(p) for p, _ in folder] + sorted(args.work.joinpath("shards").rglob("*.parquet")))
         results = run_rounds("warm", runs, args)
         if not args.no_cold:
@@ -405,22 +452,27 @@ def print_verify_cost(roots: dict[str, Path], rounds: int) -> None:
               f"{100 * sha / decode:.2f} % |")
 
 
-def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path, Path]:
+def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path, Path, Path]:
     """The folder tree and the three shard sets (reused when already there); prints what was measured on."""
     folder = build_folder(args.samples, args.work / "folder", args.images)
     manifests, lmap = write_inputs(args.work, folder)
     shards = convert(args.work, manifests, lmap, "passthrough", None, args.workers)
     resized = convert(args.work, manifests, lmap, "resize256", 256, args.workers)
     small = convert(args.work, manifests, lmap, "passthrough-rg10", None, args.workers, row_group_rows=10)
+    bounded = convert(args.work, manifests, lmap, "max-side-320", None, args.workers, max_side=320)
     mb = {name: sum(p.stat().st_size for p in sorted(root.rglob("*.parquet"))) / 1e6
-          for name, root in [("passthrough", shards), ("resize256", resized)]}
+          for name, root in [("passthrough", shards), ("resize256", resized), ("max-side-320", bounded)]}
     print(f"{args.images} images ({sum(os.path.getsize(p) for p, _ in folder) / 1e6:.0f} MB as files; shards: "
-          f"passthrough {mb['passthrough']:.0f} MB, resized-256 {mb['resize256']:.0f} MB), {args.workers} workers, "
+          f"passthrough {mb['passthrough']:.0f} MB, resized-256 {mb['resize256']:.0f} MB, max-side-320 "
+          f"{mb['max-side-320']:.0f} MB), {args.workers} workers, "
           f"batch {args.batch_size}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
-    return folder, shards, resized, small
+    return folder, shards, resized, small, bounded
 
 
 COLD = ["folder of JPEGs (ImageFolder equivalent)", "reader map-style, random order",
+        "reader iterable + TrainCrop (crop-first decode)", "reader map-style + TrainCrop, random",
+        "eval: folder of JPEGs, Resize 256 + CenterCrop 224", "eval: reader map-style + EvalCrop",
+        "max-side-320: reader iterable + TrainCrop", "HF datasets from Parquet",
         "reader map-style, random, no batch WILLNEED", "reader map-style, RowGroupSampler",
         "reader iterable (shuffle buffer 1000)", "reader iterable, read_ahead=0", "resized-256: reader iterable",
         "remote (HTTP loopback): reader iterable", "remote (HTTP loopback): reader iterable, read_ahead=0"]
@@ -458,8 +510,10 @@ def print_table(results: list[Result]) -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         ceil = by.get(("warm", "resized-256: ceiling (bytes in RAM)" if r.name.startswith("resized")
+                       else "eval: ceiling, Resize + CenterCrop (bytes in RAM)" if r.name.startswith("eval")
                        else "decode-only ceiling (bytes in RAM)"), r)
-        base = by.get((r.cache, folder), by.get(("warm", folder), r))
+        base_name = "eval: folder of JPEGs, Resize 256 + CenterCrop 224" if r.name.startswith("eval") else folder
+        base = by.get((r.cache, base_name), by.get(("warm", base_name), r))
         own = by.get(("warm", r.name), r)
         if r.name.startswith("remote"):  # streaming from the remote vs the same reader on local, warm files
             own = by.get(("warm", "reader iterable (shuffle buffer 1000)"), r)

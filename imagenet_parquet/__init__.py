@@ -12,9 +12,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "EvalCrop",
     "ParquetImageDataset",
     "ParquetIterableDataset",
     "RowGroupSampler",
+    "TrainCrop",
     "decode_image",
     "find_shards",
     "load_label_map",
@@ -23,6 +25,8 @@ __all__ = [
 # name -> (module, attribute): nothing is imported until used, so `imagenet_parquet.format` (which the pipeline's
 # convert and validate stages import) loads only itself.
 _LAZY = {
+    "TrainCrop": ("crops", "TrainCrop"),
+    "EvalCrop": ("crops", "EvalCrop"),
     "ParquetImageDataset": ("datasets", "ParquetImageDataset"),
     "ParquetIterableDataset": ("datasets", "ParquetIterableDataset"),
     "RowGroupSampler": ("samplers", "RowGroupSampler"),
@@ -33,6 +37,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .crops import EvalCrop, TrainCrop
     from .datasets import ParquetImageDataset, ParquetIterableDataset
     from .decode import decode_image
     from .format import read_label_map as load_label_map

@@ -48,6 +48,7 @@ class ShardedImages:
         cache_row_groups: int,
         overlay: Any = "auto",
         verify: bool = False,
+        crop: Callable[[bytes], Any] | None = None,
     ):
         explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
         from .remote import RemoteShards
@@ -63,6 +64,7 @@ class ShardedImages:
         self.target_transform = target_transform
         self.draft_size = draft_size
         self.decode = decode
+        self.crop = crop
         self.overlay = self._overlay(overlay, split)
         self._kept = None if self.overlay is None else self.overlay.kept
         self.verify = verify and self.remote is None  # remote row groups are always checked before they are cached
@@ -196,7 +198,9 @@ class ShardedImages:
             self._indexed.willneed([self.index.locate_file(self.index.locate(i)[0], i) for i in indices])
 
     def _sample(self, data: bytes, label: int) -> tuple[Any, Any]:
-        image: Any = decode_image(data, draft_size=self.draft_size) if self.decode else data
+        image: Any = data
+        if self.decode:
+            image = self.crop(data) if self.crop is not None else decode_image(data, draft_size=self.draft_size)
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

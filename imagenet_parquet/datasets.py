@@ -49,6 +49,8 @@ class ParquetImageDataset(ShardedImages, _MapBase):
 
     `source`: shard file, shard directory, Parquet root with `split`, or a list of files. `draft_size`: decode
     JPEGs at a reduced scale keeping at least this size (see decode_image). `decode=False` yields raw bytes.
+    `crop`: the training or evaluation crop decoded straight from the bytes, decoding only the scale it needs
+    (`TrainCrop(224)`, `EvalCrop(224, resize=256)`: crops.py; a uint8 (3, H, W) tensor, then `transform`).
     `label_map`: a dict or a path to label_map.json; default = the one in the shards' schema metadata.
     `overlay`: the curation overlay (labels and exclusions, docs/CONTRACTS.md): "auto" (default) finds it beside
     the shards (`<root>/../overlay/<split>.parquet`; a remote version's is fetched and checked) and refuses shards
@@ -70,9 +72,20 @@ class ParquetImageDataset(ShardedImages, _MapBase):
         cache_row_groups: int = 4,
         overlay: Any = "auto",
         verify: bool = False,
+        crop: Callable[[bytes], Any] | None = None,
     ):
         super().__init__(
-            source, split, transform, target_transform, draft_size, decode, label_map, cache_row_groups, overlay, verify
+            source,
+            split,
+            transform,
+            target_transform,
+            draft_size,
+            decode,
+            label_map,
+            cache_row_groups,
+            overlay,
+            verify,
+            crop,
         )
 
     def __len__(self) -> int:
@@ -120,9 +133,10 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
     `uneven`: partition.py ("keep": every image once). Call `set_epoch(e)` before each epoch (with the default
     non-persistent workers, so the workers receive the new epoch).
 
-    `shuffle_buffer` (rows) is the older way to size the window: rounded to whole row groups. `read_ahead`:
-    pieces of up to 64 images each worker reads ahead of decoding, in a background thread; the kernel is also
-    asked (POSIX_FADV_WILLNEED) for the two after those."""
+    `crop`: as for ParquetImageDataset (`TrainCrop(224)`: RandomResizedCrop + flip, decoding only the scale the
+    crop needs; crops.py). `shuffle_buffer` (rows) is the older way to size the window: rounded to whole row
+    groups. `read_ahead`: pieces of up to 64 images each worker reads ahead of decoding, in a background thread;
+    the kernel is also asked (POSIX_FADV_WILLNEED) for the two after those."""
 
     def __init__(
         self,
@@ -145,8 +159,11 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         read_ahead: int = 2,
         overlay: Any = "auto",
         verify: bool = False,
+        crop: Callable[[bytes], Any] | None = None,
     ):
-        super().__init__(source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay, verify)
+        super().__init__(
+            source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay, verify, crop
+        )
         if read_ahead < 0:
             raise ValueError(f"read_ahead: expected >= 0 pieces, found {read_ahead}")
         if batch_size is not None and batch_size < 1:

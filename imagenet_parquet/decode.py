@@ -1,10 +1,19 @@
-"""Image decoding: PIL, optionally with JPEG draft mode (DCT-domain downscaling) when the target size is known."""
+"""Image decoding: PIL, optionally with JPEG draft mode (DCT-domain downscaling) when the target size is known;
+`Encoded`: an image's header read first, then its pixels decoded at a chosen DCT scale (crops.py)."""
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from PIL import Image
+
+try:  # libjpeg-turbo bundled in a wheel (`pip install 'imagenet-parquet[fast]'`): faster than Pillow's decode path
+    import simplejpeg
+except ImportError:
+    simplejpeg = None
 
 Size = int | tuple[int, int]
 
@@ -54,3 +63,47 @@ def _draft_box(size: tuple[int, int], target: Size) -> tuple[int, int]:
     if shorter <= target:
         return width, height
     return max(1, width * target // shorter), max(1, height * target // shorter)
+
+
+@dataclass
+class Encoded:
+    """Image bytes with their size read from the header (nothing decoded yet)."""
+
+    data: bytes
+    width: int
+    height: int
+    jpeg: bool
+    opened: Image.Image | None = None  # Pillow's parse, when Pillow read the header
+    backend: Any = None  # the simplejpeg module, or None for Pillow
+
+    @classmethod
+    def parse(cls, data: bytes, backend: Any = "auto") -> Encoded:
+        """The header of `data`: simplejpeg's for a JPEG it reads (when installed, unless backend="pillow"), else
+        Pillow's (any format Pillow opens; its errors are Pillow's, as decode_image's)."""
+        turbo = simplejpeg if backend == "auto" else None
+        if turbo is not None:
+            try:
+                height, width, _, _ = turbo.decode_jpeg_header(data)
+                return cls(data, int(width), int(height), True, None, turbo)
+            except ValueError:  # not a JPEG libjpeg-turbo reads: Pillow's turn
+                pass
+        img = Image.open(io.BytesIO(data))
+        return cls(data, img.size[0], img.size[1], img.format == "JPEG", img)
+
+    def decode(self, denominator: int = 1, max_pixels: int | None = None) -> np.ndarray:
+        """RGB uint8 (ceil(height / d), ceil(width / d), 3): a JPEG decoded at 1/`denominator` scale in the DCT
+        domain (1, 2, 4 or 8; other formats only at 1). `max_pixels` as in decode_image."""
+        limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+        _check_pixels((-(-self.width // denominator), -(-self.height // denominator)), limit)
+        if self.backend is not None:
+            rows, cols = -(-self.height // denominator), -(-self.width // denominator)
+            try:
+                pixels: np.ndarray = self.backend.decode_jpeg(self.data, "RGB", min_height=rows, min_width=cols)
+                if pixels.shape[:2] == (rows, cols):
+                    return pixels
+            except ValueError:  # CMYK, or data libjpeg-turbo calls corrupt where Pillow may not: Pillow decides
+                pass
+        img, self.opened = self.opened or Image.open(io.BytesIO(self.data)), None  # a parse serves one decode
+        if denominator > 1 and img.format == "JPEG":
+            img.draft("RGB", (self.width // denominator, self.height // denominator))
+        return np.asarray(img.convert("RGB") if img.mode != "RGB" else _loaded(img))

@@ -12,15 +12,15 @@
 
 Decoding is `torchvision.io.decode_jpeg(list_of_tensors, device="cuda")` (batched nvJPEG; grayscale JPEGs come
 out RGB with ImageReadMode.RGB). torchvision is imported only when `decode` runs: the reader never needs it.
-The crop boxes follow torchvision's RandomResizedCrop.get_params (10 tries, then the centred whole image clamped
-to the ratio range); each crop is resized with bilinear, antialiased interpolation (torchvision's default for
-tensors). The shards hold JPEGs only (the convert stage turns PNG/GIF/CMYK into RGB JPEG), which nvJPEG reads.
+The crop boxes follow torchvision's RandomResizedCrop.get_params (crops.rrc_box: 10 tries, then the centred
+whole image clamped to the ratio range); each crop is resized with bilinear, antialiased interpolation
+(torchvision's default for tensors). The shards hold JPEGs only (the convert stage turns PNG/GIF/CMYK into
+RGB JPEG), which nvJPEG reads.
 `augment` works on any device (the CPU tests use it), `decode` needs CUDA and torchvision."""
 
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,37 +28,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .crops import NumpyDraws, center_box, rrc_box
+
 
 def collate_bytes(batch: Sequence[tuple[bytes, int]]) -> tuple[list[bytes], torch.Tensor]:
     """DataLoader `collate_fn` for `decode=False` datasets: (list of image bytes, int64 label tensor)."""
     return [data for data, _ in batch], torch.tensor([int(label) for _, label in batch], dtype=torch.int64)
-
-
-def crop_box(
-    height: int, width: int, rng: np.random.Generator, scale: tuple[float, float], ratio: tuple[float, float]
-) -> tuple[int, int, int, int]:
-    """(top, left, h, w) of a RandomResizedCrop box for an image of `height` x `width`."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(*log_ratio))
-        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
-    w, h = width, height  # fallback: the whole image, clamped to the ratio range, centred
-    if width / height < ratio[0]:
-        h = round(width / ratio[0])
-    elif width / height > ratio[1]:
-        w = round(height * ratio[1])
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
-def center_box(height: int, width: int, fraction: float) -> tuple[int, int, int, int]:
-    """(top, left, h, w) of the centred square of side `fraction` x the shorter side (evaluation's
-    Resize(size / fraction) + CenterCrop(size), as one crop)."""
-    side = max(1, round(min(height, width) * fraction))
-    return (height - side) // 2, (width - side) // 2, side, side
 
 
 class GpuAugment:
@@ -109,7 +84,8 @@ class GpuAugment:
         """One (top, left, h, w) per (height, width), drawn from this augment's generator."""
         if not self.train:
             return [center_box(h, w, self.center_fraction) for h, w in shapes]
-        return [crop_box(h, w, self.rng, self.scale, self.ratio) for h, w in shapes]
+        draws = NumpyDraws(self.rng)
+        return [rrc_box(h, w, self.scale, self.ratio, draws) for h, w in shapes]
 
     def augment(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """Crop, resize (bilinear, antialiased) and flip decoded uint8 (3, H, W) images on their device."""

@@ -1,5 +1,6 @@
 """The GPU decode path (imagenet_parquet.gpu): the crop maths, batching and crop/resize/flip run on the CPU here;
 nvJPEG decoding needs CUDA and torchvision and is skipped without them."""
+
 from __future__ import annotations
 
 import io
@@ -12,7 +13,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from imagenet_parquet import ParquetIterableDataset
-from imagenet_parquet.gpu import GpuAugment, center_box, collate_bytes, crop_box
+from imagenet_parquet.crops import NumpyDraws, center_box, rrc_box
+from imagenet_parquet.gpu import GpuAugment, collate_bytes
 from tests.helpers.datasets import write_shards
 from tests.helpers.images import indexed_jpeg
 
@@ -21,16 +23,19 @@ def test_crop_boxes_stay_inside_within_scale_and_ratio_and_are_seeded():
     rng = np.random.default_rng(0)
     for height, width in [(375, 500), (500, 333), (64, 64), (1200, 90)]:
         for _ in range(200):
-            top, left, h, w = crop_box(height, width, rng, (0.08, 1.0), (3 / 4, 4 / 3))
-            assert 0 <= top and 0 <= left and top + h <= height and left + w <= width and h > 0 and w > 0
+            top, left, h, w = rrc_box(height, width, (0.08, 1.0), (3 / 4, 4 / 3), NumpyDraws(rng))
+            assert top >= 0 and left >= 0 and top + h <= height and left + w <= width and h > 0 and w > 0
             if (h, w) != (height, width) and 0.08 * height * width <= h * w:  # not the fallback
                 assert 3 / 4 - 0.05 <= w / h <= 4 / 3 + 0.05
                 assert h * w <= height * width
-    top, left, h, w = crop_box(1000, 10, np.random.default_rng(1), (0.9, 1.0), (3 / 4, 4 / 3))
+    top, left, h, w = rrc_box(1000, 10, (0.9, 1.0), (3 / 4, 4 / 3), NumpyDraws(np.random.default_rng(1)))
     assert (w, h) == (10, round(10 / (3 / 4))) and top == (1000 - h) // 2  # fallback: clamped ratio, centred
     a = GpuAugment(device="cpu", seed=5).boxes([(300, 400)] * 8)
-    assert a == GpuAugment(device="cpu", seed=5).boxes([(300, 400)] * 8) != GpuAugment(device="cpu", seed=6).boxes(
-        [(300, 400)] * 8)
+    assert (
+        a
+        == GpuAugment(device="cpu", seed=5).boxes([(300, 400)] * 8)
+        != GpuAugment(device="cpu", seed=6).boxes([(300, 400)] * 8)
+    )
     assert center_box(300, 400, 0.875) == (19, 69, 262, 262)
     with pytest.raises(ValueError, match="scale"):
         GpuAugment(scale=(0.5, 0.1), device="cpu")

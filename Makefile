@@ -33,7 +33,7 @@ docs: $(STAMP)
 # `make compact`: the curation overlay folded into shards any Parquet tool reads with the current labels, in
 # data/compacted/<split>/ (`make compact OUT=data/elsewhere`: another directory inside the project).
 compact: $(STAMP)
-	$(BIN)/python -m tasks.curate.compact $(if $(OUT),--out $(OUT))
+	$(BIN)/python -m tasks.curate.compact $(if $(OUT),--out '$(subst ','\'',$(OUT))')
 
 clean:
 	rm -rf data .venv

@@ -108,7 +108,7 @@ def test_a_second_compaction_writes_the_same_bytes(compacted):
     compact.compact(again)
     first = {p.relative_to(root / "data/compacted"): p.read_bytes() for p in (root / "data/compacted").rglob("*.*")}
     second = {p.relative_to(again.out): p.read_bytes() for p in again.out.rglob("*.*")}
-    assert first == second and len(first) == 6  # 3 train + 2 val shards + compaction.json
+    assert first == second and len(first) == 7  # 3 train + 2 val shards + compaction.json + .compaction
     compact.compact(compact.job_from_params(project(root, curate=CURATE)))  # in place: the split dirs replaced
     assert {p.relative_to(root / "data/compacted"): p.read_bytes()
             for p in (root / "data/compacted").rglob("*.*")} == first

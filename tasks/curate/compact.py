@@ -6,12 +6,15 @@ refused) become `<out>/<split>/` (default `data/compacted`, git-ignored; inside 
 and row order, the excluded rows dropped (a shard left empty is dropped), `label`/`wnid`/`label_name` the
 overlay's, metadata `curation: applied` (readers apply no overlay to them) and the footer byte index written anew.
 The rows go through the convert stage's writer (tasks/convert/writer.py: the same settings, deterministic bytes; a
-tool of the curate package, not a DVC stage, so it reuses convert's writer rather than a second one). Each split
-directory is replaced whole (atomic); `<out>/compaction.json` records the overlay each split was compacted from."""
+tool of the curate package, not a DVC stage, so it reuses convert's writer rather than a second one). `<out>` is
+only ever a directory compaction owns (new, or written by it before) and is replaced whole: every split and
+`<out>/compaction.json` (the overlay each split was compacted from) are published as one set
+(tasks/curate/compact_out.py)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -32,18 +35,18 @@ from imagenet_parquet.format import (
     shard_schema,
 )
 from imagenet_parquet.overlay import CURATION_APPLIED, Overlay, load_overlay
-from tasks.common import SPLITS, PipelineError, atomic_path, write_json
+from tasks.common import SPLITS, PipelineError, write_json
 from tasks.common.params import Project, load_project
 from tasks.convert.writer import write_shard
+from tasks.curate.compact_out import DEFAULT_OUT, REPORT, check_out, new_set
 from tasks.curate.stage import read_split
 
-DEFAULT_OUT = "data/compacted"
-REPORT = "compaction.json"
 TODO = "run `dvc repro curate` (or `dvc pull` the shards and data/overlay of one version together), then compact again"
 
 
 @dataclass(frozen=True)
 class CompactJob:
+    root: Path
     parquet: Path
     overlay: Path
     out: Path
@@ -62,30 +65,19 @@ class SplitPlan:
 
 
 def job_from_params(project: Project, out: str | Path = DEFAULT_OUT) -> CompactJob:
-    """The job; `out` (relative: to the project) must lie inside the project, apart from what is read."""
-    parquet, overlay = project.path("parquet"), project.path("overlay")
-    target = project.resolve(out).resolve()
-    root = project.root.resolve()
-    if target == root or not target.is_relative_to(root):
-        raise PipelineError(
-            f"compact --out: expected a directory inside the project {root} (e.g. {DEFAULT_OUT}, git-ignored), "
-            f"found {target}; pass a path under the project"
-        )
-    for key, path in (("paths.parquet", parquet), ("paths.overlay", overlay)):
-        inside = path.resolve()
-        if target.is_relative_to(inside) or inside.is_relative_to(target):
-            raise PipelineError(
-                f"compact --out: expected a directory apart from {inside} (params.yaml {key}, read by compaction), "
-                f"found {target}; pass another directory, e.g. {DEFAULT_OUT}"
-            )
-    return CompactJob(parquet, overlay, target)
+    """The job; `out` (relative: to the project) must be a directory compaction owns (compact_out.check_out)."""
+    target = check_out(project, out)
+    return CompactJob(project.root.resolve(), project.path("parquet"), project.path("overlay"), target)
 
 
 def compact(job: CompactJob) -> dict[str, Any]:
-    """Every split compacted into `job.out`; returns (and writes as compaction.json) what was done."""
+    """Every split compacted into `job.out`, published as one set; returns (and writes as compaction.json) what
+    was done."""
     plans = [plan_split(job, split) for split in SPLITS]  # every overlay checked before anything is written
-    report = {"source": str(job.parquet), "splits": {plan.split: write_split(job.out, plan) for plan in plans}}
-    write_json(job.out / REPORT, report)
+    source = Path(os.path.relpath(job.parquet.resolve(), job.root)).as_posix()  # no machine path in the output
+    with new_set(job.out) as tmp:
+        report = {"source": source, "splits": {plan.split: write_split(tmp, plan) for plan in plans}}
+        write_json(tmp / REPORT, report)
     return report
 
 
@@ -105,6 +97,11 @@ def plan_split(job: CompactJob, split: str) -> SplitPlan:
         overlay = load_overlay(path, names, rows, footers, len(label_map["classes"]))
     except FormatError as err:  # OverlayError: made for other shards, altered, damaged — it names the file
         raise PipelineError(f"{err} (compaction needs the overlay made for exactly these shards)") from None
+    except UnicodeDecodeError as err:  # a damaged text field of the overlay (imagenet_parquet/overlay.py)
+        raise PipelineError(
+            f"{path}: expected the curation overlay's text as UTF-8, found byte 0x{err.object[err.start]:02x} "
+            f"({err.reason}): the file is damaged; {TODO}"
+        ) from None
     params = (own_metadata(meta) or {}).get("convert_params") or {}
     row_group_rows = int(params.get("row_group_rows") or pq.read_metadata(files[0][0]).row_group(0).num_rows)
     columns = [(c.get("wnid"), n) for c, n in zip(label_map["classes"], class_names(label_map), strict=True)]
@@ -134,19 +131,19 @@ def _schema(path: Path, meta: dict[bytes, bytes] | None, split: str) -> tuple[pa
 
 
 def write_split(out: Path, plan: SplitPlan) -> dict[str, Any]:
-    """`out/<split>/` replaced whole by the compacted shards; what was written."""
+    """`out/<split>/` (in the set being written: compact_out.new_set) made of the compacted shards; what was
+    written."""
     written, start = [], 0
-    with atomic_path(out / plan.split) as tmp:
-        tmp.mkdir()
-        for path, rows in plan.files:
-            keep = plan.overlay.keep[start : start + rows]
-            labels = plan.overlay.labels[start : start + rows]
-            start += rows
-            if keep.any():  # a shard whose rows all go away is dropped
-                count, md5 = write_shard(
-                    tmp / path.name, plan.schema, plan.row_group_rows, _rows(path, keep, labels, plan.columns)
-                )
-                written.append([path.name, count, md5])
+    (out / plan.split).mkdir()
+    for path, rows in plan.files:
+        keep = plan.overlay.keep[start : start + rows]
+        labels = plan.overlay.labels[start : start + rows]
+        start += rows
+        if keep.any():  # a shard whose rows all go away is dropped
+            count, md5 = write_shard(
+                out / plan.split / path.name, plan.schema, plan.row_group_rows, _rows(path, keep, labels, plan.columns)
+            )
+            written.append([path.name, count, md5])
     return {
         "overlay_sha256": plan.overlay.digest,
         "rows_in": start,
@@ -182,10 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        job = job_from_params(load_project(args.params), args.out)
+        job = job_from_params(_project(args.params), args.out)
         report = compact(job)
-    except (PipelineError, FormatError) as err:
+    except (PipelineError, FormatError) as err:  # FormatError: OverlayError too
         print(f"\nerror: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a full or read-only disk, a file that cannot be read
+        found = os.strerror(err.errno) if err.errno else str(err)
+        print(
+            f"\nerror: {err.filename or args.out}: expected to read or write it while compacting into {args.out}, "
+            f"found {found} (errno {err.errno}); free some space or fix its permissions, then compact again "
+            "(the previous compacted set, if any, is kept)",
+            file=sys.stderr,
+        )
         return 1
     seconds = time.perf_counter() - started
     rows = sum(s["rows_in"] for s in report["splits"].values())
@@ -193,6 +199,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{split}: {s['rows']} of {s['rows_in']} rows in {len(s['shards'])} shards -> {job.out / split}")
     print(f"compact: {seconds:.1f} s, {rows / max(seconds, 1e-9):.0f} rows/s")
     return 0
+
+
+def _project(params: str) -> Project:
+    """load_project, with a params.yaml that is not UTF-8 one PipelineError line (not a raw UnicodeDecodeError)."""
+    try:
+        return load_project(params)
+    except UnicodeDecodeError as err:
+        raise PipelineError(
+            f"{params}: expected UTF-8 text, found byte 0x{err.object[err.start]:02x} at offset {err.start} "
+            f"({err.reason}); save the file as UTF-8"
+        ) from None
 
 
 if __name__ == "__main__":

@@ -105,3 +105,42 @@ def test_the_check_costs_one_footer_read_per_file_open(curated, monkeypatch):
     monkeypatch.setattr(shards, "tail_at", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert [(int(i), int(y)) for i, y in (ds[k] for k in range(len(ds)))] == sorted(want.items())
     assert len(calls) == len(ds.files)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_curation_only_change_during_a_run_keeps_the_old_labels_consistently(curated, persistent):
+    """Issue 36, a case not yet run: a new data/overlay (a curation-only `dvc repro`, shards untouched) written while
+    a DataLoader runs, with persistent or per-epoch workers: every label of the run is the old curation's (the
+    overlay was read when the dataset was built), never a mix; a dataset built after it has the new labels."""
+    root, want = curated
+    files = sorted((root / "train").glob("*.parquet"))
+    for make in (
+        lambda: ParquetImageDataset(root, "train", transform=identify),
+        lambda: ParquetIterableDataset(root, "train", transform=identify, batch_size=4, seed=3),
+    ):
+        ds = make()
+        sampler = RowGroupSampler(ds, seed=3) if isinstance(ds, ParquetImageDataset) else None
+        loader = DataLoader(
+            ds,
+            batch_size=4,
+            sampler=sampler,
+            num_workers=2,
+            persistent_workers=persistent,
+            multiprocessing_context="fork",
+        )
+        seen: list[tuple[int, int]] = []
+        for epoch in range(2):
+            (sampler or ds).set_epoch(epoch)
+            for step, (ids, ys) in enumerate(loader):
+                seen += [(int(i), int(y)) for i, y in zip(ids, ys, strict=True)]
+                if epoch == 0 and step == 2:
+                    new = write_curation(root.parent, files, seed=11)  # the curate stage's new version
+        assert len(seen) == 2 * len(want) and all(want[i] == y for i, y in seen)
+        write_curation(root.parent, files)  # back to the first version for the next reader
+    assert write_curation(root.parent, files, seed=11) == new != want
+    assert _pairs_now(root) == new  # a dataset built after the change: the new curation
+
+
+def _pairs_now(root: Path) -> dict[int, int]:
+    ds = ParquetImageDataset(root, "train", transform=identify)
+    return {int(i): int(y) for i, y in (ds[k] for k in range(len(ds)))}

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 from .decode import Size, decode_image
 from .format import HASH_ALGORITHM, class_ids, read_label_map
 from .indexed import IndexedReader, check_image, checked_label
-from .overlay import Overlay, resolve_overlay
-from .shards import RowGroupReader, ShardIndex, Source, find_shards
+from .overlay import Overlay, overlay_path, resolve_overlay
+from .shards import RowGroupReader, ShardIndex, Source, find_shards, whole_split
 
 if TYPE_CHECKING:
     from .remote import RemoteShards
@@ -60,6 +60,7 @@ class ShardedImages:
         else:
             self.files = find_shards(source, split)
             self.index = ShardIndex.build(self.files, explicit)
+            self._whole = whole_split(source, split)  # a split read whole: its overlay's shards must all be there
         self.transform = transform
         self.target_transform = target_transform
         self.draft_size = draft_size
@@ -70,8 +71,9 @@ class ShardedImages:
         self.verify = verify and self.remote is None  # remote row groups are always checked before they are cached
         columns = [*READ_COLUMNS, *([HASH_ALGORITHM] if self.verify else [])]
         self._reader = RowGroupReader(self.index, columns, cache_size=cache_row_groups, remote=self.remote)
+        labels = self.overlay is None  # else the overlay holds them; files checked against the index when opened
         self._indexed = IndexedReader(
-            self.files, num_classes=len(self.label_names), labels=self.overlay is None, verify=self.verify
+            self.files, num_classes=len(self.label_names), labels=labels, verify=self.verify, index=self.index
         )
         self._labels: dict[int, np.ndarray] = {}
 
@@ -84,8 +86,11 @@ class ShardedImages:
             return resolve_overlay(
                 overlay, self.files, split, rows.tolist(), len(self.label_names), first, found, footers
             )
-        first = pq.read_metadata(self.files[0]).metadata
-        return resolve_overlay(overlay, self.files, split, rows.tolist(), len(self.label_names), first)
+        first, found = pq.read_metadata(self.files[0]).metadata, overlay_path(self.files, split)
+        digests, whole = self.index.footers, self._whole  # the footers the index read; each reader checks on open
+        return resolve_overlay(
+            overlay, self.files, split, rows.tolist(), len(self.label_names), first, found, digests, whole
+        )
 
     @property
     def num_images(self) -> int:

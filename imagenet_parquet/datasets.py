@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .base import ShardedImages, _worker
 from .decode import Size
@@ -116,7 +115,9 @@ class ParquetImageDataset(ShardedImages, _MapBase):
             return np.concatenate(
                 [self.remote.read_columns(f, ["label"]).column(0).to_numpy() for f in range(len(self.files))]
             )
-        return np.concatenate([pq.read_table(f, columns=["label"]).column(0).to_numpy() for f in self.files])
+        return np.concatenate(
+            [self.index.read_columns(f, ["label"]).column(0).to_numpy() for f in range(len(self.files))]
+        )
 
 
 class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):

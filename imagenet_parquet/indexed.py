@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .format import HASH_ALGORITHM, FormatError, decode_image_index, read_indexed
+from .shards import ShardIndex
 
 Entry = tuple[int, np.ndarray, np.ndarray, list[str] | None]  # fd, byte index, labels, sha256 per row (verify)
 
@@ -24,7 +25,9 @@ class IndexedReader:
     """Per-row image reads through the footer's byte index (one pread each), with each file's labels read once
     (unless an overlay holds them) and, with `verify`, its sha256 column.
 
-    Per process like RowGroupReader: file descriptors open on first use, are never pickled, reopen after a fork.
+    Per process like RowGroupReader: file descriptors open on first use, are never pickled, reopen after a fork;
+    given the dataset's `index`, each file is checked when it opens (its footer, read through the descriptor then
+    used, must be the one the index was built from and its overlay checked), so a shard replaced since is refused.
     `rows(i)` is None for a shard without the index (callers fall back to row-group reads)."""
 
     def __init__(
@@ -35,8 +38,10 @@ class IndexedReader:
         num_classes: int = 0,
         labels: bool = True,
         verify: bool = False,
+        index: ShardIndex | None = None,
     ):
         self.files, self.label_column, self.max_open = tuple(files), label_column, max_open
+        self.index = index  # each file checked, when opened, against the footer this index was built from
         self.num_classes, self.labels = num_classes, labels  # labels False: the overlay holds them (not read)
         self.verify = verify  # each image against the shard's sha256 column
         self._reset()
@@ -70,12 +75,30 @@ class IndexedReader:
                 old = self._open.popitem(last=False)[1]
                 if old is not None:
                     os.close(old[0])
-            self._open[i] = self._load(self.files[i])
+            self._open[i] = self._load(i)
         self._open.move_to_end(i)
         return self._open[i]
 
-    def _load(self, path: Path) -> Entry | None:
-        with pq.ParquetFile(path) as pf:
+    def _load(self, i: int) -> Entry | None:
+        """Open file `i` — checked against the footer the index read (`ShardIndex.open_fd`) when there is one."""
+        if self.index is not None:
+            fd, meta = self.index.open_fd(i)
+        else:
+            fd = os.open(self.files[i], os.O_RDONLY)
+            meta = None
+        try:
+            entry = self._entry_of(fd, meta, self.files[i])
+        except BaseException:
+            os.close(fd)
+            raise
+        if entry is None:
+            os.close(fd)
+        return entry
+
+    def _entry_of(self, fd: int, meta: pq.FileMetaData | None, path: Path) -> Entry | None:
+        """The byte index, labels (unless the overlay holds them) and hashes (verify) read through `fd`."""
+        with open(os.dup(fd), "rb") as fh:
+            pf = pq.ParquetFile(fh, metadata=meta)
             index = decode_image_index(pf.metadata.metadata, pf.metadata.num_rows, path)
             if index is None:
                 return None
@@ -87,7 +110,6 @@ class IndexedReader:
                 else np.zeros(0, dtype=np.int64)
             )
             hashes = pf.read(columns=[HASH_ALGORITHM], use_threads=False).column(0).to_pylist() if self.verify else None
-        fd = os.open(path, os.O_RDONLY)
         if hasattr(os, "posix_fadvise"):  # no kernel readahead past each image: cold random reads ~15% faster
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         return fd, index, labels, hashes

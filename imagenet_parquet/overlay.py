@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,14 +56,17 @@ def footer_digest(tail: bytes) -> str:
 def footer_tail(path: str | os.PathLike[str], limit: int = 64 << 20) -> bytes:
     """The footer, its 4-byte length and `PAR1` of the Parquet file at `path` (two reads)."""
     with open(path, "rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(max(0, size - 8))
-        end = fh.read(8)
-        length = int.from_bytes(end[:4], "little")
-        if end[4:] != b"PAR1" or length + 12 > size or length > limit:
-            raise FormatError(f"{path}: expected a Parquet file (ends with PAR1 after its footer), found other bytes")
-        fh.seek(size - length - 8)
-        return fh.read(length + 8)
+        return tail_at(lambda n, offset: os.pread(fh.fileno(), n, offset), os.fstat(fh.fileno()).st_size, path, limit)
+
+
+def tail_at(read_at: Callable[[int, int], bytes], size: int, where: Any, limit: int = 64 << 20) -> bytes:
+    """`footer_tail` through `read_at(n, offset)` of an open file of `size` bytes (two reads): a reader checks the
+    footer of the very file it then reads, never one opened again by name."""
+    end = read_at(8, max(0, size - 8))
+    length = int.from_bytes(end[:4], "little")
+    if end[4:] != b"PAR1" or length + 12 > size or length > limit:
+        raise FormatError(f"{where}: expected a Parquet file (ends with PAR1 after its footer), found other bytes")
+    return read_at(length + 8, size - length - 8)
 
 
 def curated_by_overlay(meta: dict[bytes, bytes] | None) -> bool:
@@ -145,16 +148,18 @@ def read_overlay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pa.Table
         pf = pq.ParquetFile(path, read_dictionary=["shard"])
         meta = json.loads((pf.metadata.metadata or {})[OVERLAY_KEY])
         table = pf.read(use_threads=False)
+        table.validate(full=True)  # a flipped byte in the shard names: not UTF-8 (ArrowInvalid, refused below)
     except (OSError, KeyError, ValueError, pa.ArrowException) as err:
         if isinstance(err, OverlayError):
             raise
-        raise _fail(path, "a curation overlay written by the curate stage", f"an unreadable file ({err})") from None
+        found = " ".join(str(err).split())  # one line: Arrow's messages span several
+        raise _fail(path, "a curation overlay written by the curate stage", f"an unreadable file ({found})") from None
     if not isinstance(meta, dict) or meta.get("format") != OVERLAY_FORMAT or table.schema.names != OVERLAY_SCHEMA.names:
         raise _fail(path, f"overlay format {OVERLAY_FORMAT} (columns {OVERLAY_SCHEMA.names})", "another form")
+    if any(column.null_count for column in table.columns):
+        raise _fail(path, "a shard, row, label and keep flag in every row", "nulls")
     labels = table.column("label").to_numpy()
     keep = table.column("keep").to_numpy(zero_copy_only=False)
-    if table.column("label").null_count or table.column("keep").null_count:
-        raise _fail(path, "a label and a keep flag in every row", "nulls")
     if content_digest(meta.get("shards", []), labels, keep) != meta.get("content_sha256"):
         raise _fail(path, "content matching its content_sha256", "other labels, flags or shards (altered)")
     _check_keys(path, meta["shards"], table)
@@ -178,13 +183,27 @@ def _check_keys(path: Path, shards: list[list[Any]], table: pa.Table) -> None:
 
 
 def load_overlay(
-    path: str | os.PathLike[str], names: Sequence[str], rows: Sequence[int], footers: Sequence[str], num_classes: int
+    path: str | os.PathLike[str],
+    names: Sequence[str],
+    rows: Sequence[int],
+    footers: Sequence[str],
+    num_classes: int,
+    complete: bool = False,
 ) -> Overlay:
     """The overlay at `path` for the shards `names` (file names, in reader order) with `rows` rows and footer
-    digests `footers` each: every shard must be one the overlay was made for, unchanged."""
+    digests `footers` each: every shard must be one the overlay was made for, unchanged; `complete` (a split read
+    whole, not shards picked by name): and every shard it lists must be there (a deleted one: refused, not skipped)."""
     path = Path(path)
     meta, table = read_overlay(path)
     listed = {str(s[0]): (i, int(s[1]), str(s[2])) for i, s in enumerate(meta["shards"])}
+    missing = sorted(set(listed) - set(names)) if complete else []
+    if missing:
+        raise _fail(
+            path,
+            f"shard {missing[0]} beside the others (it lists {len(listed)} shards for this split)",
+            f"no such file ({len(missing)} of its shards missing: deleted, or not pulled)",
+            "run `dvc pull` (or `dvc checkout`) the shards and data/overlay of one version together, or `dvc repro`",
+        )
     starts = np.concatenate([[0], np.cumsum([int(s[1]) for s in meta["shards"]])]).astype(np.int64)
     pieces = []
     for name, count, footer in zip(names, rows, footers, strict=True):
@@ -216,11 +235,13 @@ def resolve_overlay(
     first_footer: dict[bytes, bytes] | None,
     found: Path | None = None,
     footers: Sequence[str] | None = None,
+    complete: bool = False,
 ) -> Overlay | None:
     """The overlay a reader applies: `overlay` "auto" (the default: `overlay_path`; remote shards, whose `footers`
     digests are given: `found`, fetched and checked, None for a version without one), a path, or False/None
-    (labels as converted). Shards that say they are curated by an overlay
-    (`first_footer`, format >= 6) are refused without one, unless `overlay` is False."""
+    (labels as converted); local shards whose footers the caller read pass the overlay path as `found` and those
+    `footers`. Shards that say they are curated by an overlay (`first_footer`, format >= 6) are refused without one,
+    unless `overlay` is False. `complete`: the shards are a whole split (load_overlay)."""
     if overlay is False or overlay is None:
         return None
     auto = isinstance(overlay, str) and overlay == "auto"
@@ -238,4 +259,4 @@ def resolve_overlay(
             )
         return None
     digests = list(footers) if footers is not None else [footer_digest(footer_tail(f)) for f in files]
-    return load_overlay(path, [Path(f).name for f in files], rows, digests, num_classes)
+    return load_overlay(path, [Path(f).name for f in files], rows, digests, num_classes, complete)

@@ -20,9 +20,11 @@ import pyarrow.parquet as pq
 from .format import (
     HF_METADATA_KEY,
     METADATA_KEY,
+    FormatError,
     label_map_from_metadata,
     own_label_map,
 )
+from .overlay import footer_digest, tail_at
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -57,6 +59,11 @@ def find_shards(source: Source, split: str | None = None) -> list[Path]:
     return files
 
 
+def whole_split(source: Source, split: str | None = None) -> bool:
+    """True when `source` names a directory of shards (a split read whole), not files picked by name."""
+    return isinstance(source, (str, os.PathLike)) and (Path(source) / (split or "")).is_dir()
+
+
 def row_group_span(meta: pq.FileMetaData, group: int) -> tuple[int, int]:
     """(first, end) byte offsets of row group `group`'s column chunks (dictionary pages included)."""
     rg = meta.row_group(group)
@@ -84,6 +91,38 @@ def willneed(path: str | os.PathLike[str], ranges: Sequence[tuple[int, int]]) ->
         os.close(fd)
 
 
+STALE = (
+    "the shard was replaced or removed after this dataset was built (a `dvc repro`, `dvc pull` or `dvc checkout` "
+    "while it was in use): build the dataset again (restart the run; its order and labels were those of the old "
+    "shards), or restore the shards it was built from"
+)
+
+
+def _gone(path: Path) -> FormatError:
+    return FormatError(f"{path}: expected the shard this dataset was built from, found no file; {STALE}")
+
+
+def parse_footer(tail: bytes, where: str | os.PathLike[str]) -> pq.FileMetaData:
+    """The metadata of a Parquet footer `tail` (footer, length, PAR1), as `footer_tail` reads it."""
+    try:
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + tail))
+    except (OSError, pa.ArrowException) as err:
+        raise FormatError(
+            f"{where}: expected a Parquet footer that parses, found: {err}; `dvc pull` it again (or re-run convert)"
+        ) from None
+
+
+def read_footers(files: Sequence[Path]) -> tuple[list[pq.FileMetaData], list[str]]:
+    """Each file's footer metadata and footer SHA-256 (overlay.footer_digest), from one read of its tail."""
+    metas, digests = [], []
+    for path in files:
+        with open(path, "rb") as fh:
+            tail = tail_at(lambda n, at: os.pread(fh.fileno(), n, at), os.fstat(fh.fileno()).st_size, path)
+        metas.append(parse_footer(tail, path))
+        digests.append(footer_digest(tail))
+    return metas, digests
+
+
 _LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # where a shard's label map is read from
 
 
@@ -96,7 +135,9 @@ class ShardIndex:
     """Every row group of every shard, in order: `files[file_of[u]]`, row group `group_of[u]`, `rows[u]` rows.
 
     `starts[u]` is the global index of the first row of unit u; `starts[-1]` is the total row count.
-    `spans[u]` is the (first, end) byte range of unit u's column chunks in its file (what read-ahead asks for)."""
+    `spans[u]` is the (first, end) byte range of unit u's column chunks in its file (what read-ahead asks for).
+    `footers[f]`: the SHA-256 of file f's footer as the index read it (local shards; empty for remote ones, whose
+    footers the remote checks): `open_fd` / `open_file` refuse a file that is no longer that one."""
 
     files: tuple[Path, ...]
     file_of: np.ndarray
@@ -105,6 +146,7 @@ class ShardIndex:
     starts: np.ndarray
     label_map: dict[str, Any]
     spans: np.ndarray
+    footers: tuple[str, ...] = ()
 
     @classmethod
     def build(
@@ -117,10 +159,11 @@ class ShardIndex:
         explicit `label_map` must agree with it (same wnid and name per label) where the shards carry one.
         `metadata`: the footers, already parsed (remote shards), instead of reading them from `files`."""
         file_of, group_of, rows, spans = [], [], [], []
+        metadata, footers = (metadata, []) if metadata is not None else read_footers(files)
         found: dict[str, Any] | None = None
         parsed: dict[tuple[bytes | None, ...], dict[str, Any] | None] = {}  # one parse per distinct metadata value
         for i, path in enumerate(files):
-            meta = metadata[i] if metadata is not None else pq.read_metadata(path)
+            meta = metadata[i]
             raw = tuple((meta.metadata or {}).get(key) for key in _LABEL_MAP_KEYS)
             if raw not in parsed:  # 19,000 classes: ~1 MB of JSON a shard, the same in every shard of a split
                 parsed[raw] = (
@@ -155,6 +198,7 @@ class ShardIndex:
             starts,
             label_map or found or {},
             np.asarray(spans, dtype=np.int64).reshape(-1, 2),
+            tuple(footers),
         )
 
     def __len__(self) -> int:
@@ -164,6 +208,58 @@ class ShardIndex:
         """Global row index -> (unit, row within the unit's row group)."""
         unit = int(np.searchsorted(self.starts, index, side="right")) - 1
         return unit, index - int(self.starts[unit])
+
+    def file_rows(self, file: int) -> int:
+        """The rows of file `file`, as the index read them."""
+        return int(self.rows[self.file_of == file].sum())
+
+    def open_fd(self, file: int) -> tuple[int, pq.FileMetaData]:
+        """An O_RDONLY descriptor of file `file` and its footer, read through that descriptor and checked to be the
+        one the index was built from (`checked_footer`): one footer read per open, nothing per row."""
+        path = self.files[file]
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise _gone(path) from None
+        try:
+            return fd, self.checked_footer(file, lambda n, at: os.pread(fd, n, at), os.fstat(fd).st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def open_file(self, file: int) -> pq.ParquetFile:
+        """File `file` as a ParquetFile, its footer checked as `open_fd` checks it (through the same open file)."""
+        path = self.files[file]
+        try:
+            handle = pa.OSFile(str(path))
+        except FileNotFoundError:
+            raise _gone(path) from None
+        try:
+            return pq.ParquetFile(handle, metadata=self.checked_footer(file, handle.read_at, handle.size()))
+        except BaseException:
+            handle.close()
+            raise
+
+    def read_columns(self, file: int, columns: Sequence[str]) -> pa.Table:
+        """`columns` of all of file `file`, opened and checked as `open_file` does."""
+        handle = self.open_file(file)
+        try:
+            return handle.read(columns=list(columns), use_threads=False)
+        finally:
+            handle.close(force=True)
+
+    def checked_footer(self, file: int, read_at: Any, size: int) -> pq.FileMetaData:
+        """The footer of an open file `file`, its SHA-256 and row count those the index recorded (when it did)."""
+        path = self.files[file]
+        tail = tail_at(read_at, size, path)
+        meta = parse_footer(tail, path)
+        if self.footers and (footer_digest(tail) != self.footers[file] or meta.num_rows != self.file_rows(file)):
+            raise FormatError(
+                f"{path}: expected the shard this dataset was built from ({self.file_rows(file)} rows, footer sha256 "
+                f"{self.footers[file][:16]}…), found {meta.num_rows} rows and footer sha256 "
+                f"{footer_digest(tail)[:16]}…; {STALE}"
+            )
+        return meta
 
     def locate_file(self, unit: int, index: int) -> tuple[int, int]:
         """Global row index (in `unit`) -> (file, row within the file)."""
@@ -218,8 +314,8 @@ class RowGroupReader:
         handle = self._files.get(i)
         if handle is None:
             while len(self._files) >= self.max_open:
-                self._files.popitem(last=False)[1].close()
-            handle = self._files[i] = pq.ParquetFile(self.index.files[i])
+                self._files.popitem(last=False)[1].close(force=True)
+            handle = self._files[i] = self.index.open_file(i)
         self._files.move_to_end(i)
         return handle
 

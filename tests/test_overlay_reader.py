@@ -235,7 +235,7 @@ def test_other_tools_read_the_curated_view(curated):
     import duckdb
     import polars as pl
 
-    from imagenet_parquet.tables import CURATED_SQL, read_curated
+    from imagenet_parquet.tables import curated_sql, read_curated
 
     root, want = curated
     expected = [want[k] for k in sorted(want)]
@@ -247,7 +247,7 @@ def test_other_tools_read_the_curated_view(curated):
     assert pl.from_arrow(read_curated(root / "train")).get_column("label").to_list() == expected
     hf = datasets.Dataset(read_curated(root, "train"))
     assert hf["label"] == expected and hf.features["label"].names == [c["name"] for c in lmap]
-    sql = duckdb.sql(CURATED_SQL.format(root=root, split="train")).fetchall()
+    sql = duckdb.sql(curated_sql(root, "train")).fetchall()
     assert [row[1] for row in sql] == expected  # column 1: label
     naive = pq.read_table(root / "train", columns=["label"]).num_rows
     assert naive == TOTAL  # what a plain read sees: every image, labels as converted

@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[pipeline,test,lint]' '$(TORCH_SPEC)'
+	$(BIN)/python -m pip install -q -e '.[pipeline,test,lint,fast]' '$(TORCH_SPEC)'
 	touch $@
 
 run: $(STAMP)

@@ -31,28 +31,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from PIL import Image
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
 
-from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, decode_image
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, TrainCrop
 
 
 class Sample:
     """The reader's transform (it runs with decode=False): image bytes -> (CHW float tensor of size x size,
-    sha256 of the bytes). The id says exactly which image a step saw, whatever the decoding does."""
+    sha256 of the bytes). The id says exactly which image a step saw, whatever the decoding does.
 
-    def __init__(self, size: int):
-        self.size = size
+    The crop is the reader's TrainCrop (RandomResizedCrop + flip, decoding only the scale the crop needs) with a
+    generator seeded by (seed, epoch, image): an image gets the same crop in an epoch whichever rank, worker or
+    resumed run reads it (a DataLoader worker's own generator restarts on a resume), a new one each epoch."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed, self.epoch = size, seed, 0
 
     def __call__(self, data: bytes) -> tuple[torch.Tensor, str]:
-        image = decode_image(data, draft_size=self.size).resize((self.size, self.size), Image.Resampling.BILINEAR)
-        pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
-        return pixels.float().div_(255).sub_(0.5), hashlib.sha256(data).hexdigest()
+        digest = hashlib.sha256(data).hexdigest()
+        key = (int(digest[:15], 16) + 0x9E3779B97F4A7C15 * (self.epoch + 1) + self.seed) % (1 << 63)
+        pixels = TrainCrop(self.size, generator=torch.Generator().manual_seed(key))(data)
+        return pixels.float().div_(255).sub_(0.5), digest
 
 
 def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
@@ -78,6 +81,7 @@ class Data:
 
     loader: StatefulDataLoader
     order: ParquetIterableDataset | RowGroupSampler
+    sample: Sample  # the transform: its epoch seeds the crops
     num_classes: int
     total: int
 
@@ -86,7 +90,8 @@ def make_data(args: argparse.Namespace) -> Data:
     """uneven="drop" or "pad": every rank gets the same number of batches per epoch, as DDP needs (a rank with
     one batch more would wait forever in the gradient all-reduce of a step the others never take)."""
     source, split = (args.data, None) if any(args.data.glob("*.parquet")) else (args.data, args.split)
-    common: dict[str, Any] = {"transform": Sample(args.image_size), "decode": False}
+    sample = Sample(args.image_size, args.seed)
+    common: dict[str, Any] = {"transform": sample, "decode": False}
     order: ParquetIterableDataset | RowGroupSampler
     if args.map_style:
         images = ParquetImageDataset(source, split, **common)
@@ -98,7 +103,7 @@ def make_data(args: argparse.Namespace) -> Data:
             source, split, **common, seed=args.seed, uneven=args.uneven, batch_size=args.batch_size
         )
         loader = StatefulDataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers)
-    return Data(loader, order, len(dataset.label_names), len(dataset.index))
+    return Data(loader, order, sample, len(dataset.label_names), len(dataset.index))
 
 
 def topology(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,6 +252,7 @@ class Trainer:
     def fit(self, progress: Progress) -> None:
         while progress.epoch < self.args.epochs:
             self.data.order.set_epoch(progress.epoch)
+            self.data.sample.epoch = progress.epoch
             if not self.epoch(progress):
                 if dist.get_rank() == 0:
                     print(f"stopped after global step {progress.global_step} (--max-steps)", flush=True)

@@ -35,7 +35,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"pyarrow", "pillow", "numpy"}  # the reader's whole dependency set
-EXTRAS = {"pipeline", "torch", "dvc", "test", "lint"}
+EXTRAS = {"pipeline", "torch", "dvc", "test", "lint", "fast"}
 # What the wheel is built from (copied, so setuptools' build/ and egg-info never touch the checkout).
 SOURCES = ["pyproject.toml", "imagenet_parquet", "tasks", "flows"]
 
@@ -99,6 +99,7 @@ def test_wheel_requires_only_the_reader_stack(wheel: Path) -> None:
         assert "pipeline" in extras_of(name) and "" not in extras_of(name), f"{name}: expected in the pipeline extra only"
     for name in ("dvc", "s3fs", "fsspec"):  # a training node's `dvc pull`, with the same bounds
         assert "dvc" in extras_of(name), f"{name}: expected in the dvc extra"
+    assert extras_of("simplejpeg") == {"fast"}, "simplejpeg: expected in the fast extra only (crops fall back to Pillow)"
     assert meta["Requires-Python"] == _pyproject()["project"]["requires-python"]
 
 

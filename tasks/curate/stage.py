@@ -95,21 +95,30 @@ def apply_lines(
     quarantined (in the manifest, not in the shards: nothing to apply). A line naming no image fails."""
     exclude = [line for line in curation.exclude if line.split == split]
     relabel = [line for line in curation.relabel if line.split == split]
+    index = _class_index(ids, exclude + relabel)
     position = _positions(rows, ids, exclude + relabel)
     missing = [line for line in exclude + relabel if (line.wnid, line.name) not in position]
     quarantined = _quarantined(manifests, split, missing)
     labels, keep = rows.labels.copy(), np.ones(len(rows.labels), dtype=bool)
-    index = {name: label for label, name in enumerate(ids)}
     for line in relabel:
-        if line.new_wnid not in index:
-            kept = "a class of the dataset (label_map.json: the classes extract keeps; a relabel never drops)"
-            curation_lines.fail(line.where, f"new_wnid {kept}", repr(line.new_wnid))
         if (line.wnid, line.name) in position:
             labels[position[line.wnid, line.name]] = index[str(line.new_wnid)]
     for line in exclude:
         if (line.wnid, line.name) in position:
             keep[position[line.wnid, line.name]] = False
     return labels, keep, quarantined
+
+
+def _class_index(ids: list[str], lines: list[Line]) -> dict[str, int]:
+    """Class name -> label; a line naming a class the dataset does not have fails. Names are compared exactly:
+    "cat " is a class of its own (ImageFolder keeps it apart from "cat"), never "cat"."""
+    index = {name: label for label, name in enumerate(ids)}
+    for line in lines:
+        for key, name in (("wnid", line.wnid), ("new_wnid", line.new_wnid)):
+            if name is not None and name not in index:
+                kept = "a class of the dataset (label_map.json: the classes extract keeps; a relabel never drops)"
+                curation_lines.fail(line.where, f"{key} {kept}", repr(name))
+    return index
 
 
 def _quarantined(manifests: Path, split: str, missing: list[Line]) -> list[dict[str, Any]]:
@@ -125,7 +134,7 @@ def _quarantined(manifests: Path, split: str, missing: list[Line]) -> list[dict[
             curation_lines.fail(
                 line.where, f"an image {line.name} of class {line.wnid} in {split}", "no such image in the source"
             )
-    return [{"where": x.where, "split": split, "wnid": x.wnid, "name": x.name} for x in missing]
+    return [{"where": x.at, "split": split, "wnid": x.wnid, "name": x.name} for x in missing]
 
 
 def write_overlays(job: CurateJob) -> dict[str, Any]:

@@ -261,3 +261,15 @@ def test_bad_bytes_and_empty_lines_fail_naming_the_file_and_line(tmp_path, data,
     with pytest.raises(PipelineError, match=found) as err:
         curate.read_curation(tmp_path / "exclude.csv", None)
     assert str(err.value).startswith(f"{tmp_path}/exclude.csv:{line}: expected ") and "\n" not in str(err.value)
+
+
+def test_a_curation_file_linking_out_of_curation_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "curation").mkdir()
+    (tmp_path / "outside-exclude.csv").write_text(EXCLUDE)
+    (tmp_path / "curation/exclude.csv").symlink_to(tmp_path / "outside-exclude.csv")
+    with pytest.raises(PipelineError, match=r"^params.yaml curate.exclude: expected a file inside curation/ .*, found "
+                                            r"curation/exclude.csv linking to .*outside-exclude.csv; copy the file"):
+        stage.job_from_params(project(tmp_path, curate={"exclude": "curation/exclude.csv", "relabel": None}))
+    (tmp_path / "curation/exclude.csv").unlink()
+    (tmp_path / "curation/exclude.csv").write_text(EXCLUDE)
+    assert stage.job_from_params(project(tmp_path, curate={"exclude": "curation/exclude.csv", "relabel": None}))

@@ -25,6 +25,7 @@ from imagenet_parquet.overlay import footer_digest, footer_tail, overlay_table, 
 from tasks.common import SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.layout import CURATION_REPORT, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
+from tasks.common.param_rules import CURATION_DIR
 from tasks.common.params import Project, path_key
 from tasks.curate import lines as curation_lines
 from tasks.curate.lines import Curation, Line
@@ -54,12 +55,26 @@ def job_from_params(project: Project) -> CurateJob:
     """The job; a malformed curation file fails now, naming its line."""
     cur = project.params.curate
     curation = curation_lines.read_curation(
-        project.resolve(cur.exclude) if cur.exclude else None,
-        project.resolve(cur.relabel) if cur.relabel else None,
+        _tracked(project, "exclude", cur.exclude),
+        _tracked(project, "relabel", cur.relabel),
         {"exclude": cur.exclude, "relabel": cur.relabel},
     )
     path = project.path
     return CurateJob(path("parquet"), path("manifests"), path("label_map"), path("overlay"), curation)
+
+
+def _tracked(project: Project, key: str, value: str | None) -> Path | None:
+    """A curation file (under curation/: the params model checks the path) that is not a link out of curation/: git
+    would hold the link, not the lines (another checkout curates with whatever the link finds there, or fails)."""
+    if value is None:
+        return None
+    path, inside = project.resolve(value), (project.root / CURATION_DIR).resolve()
+    if path.exists() and not path.resolve().is_relative_to(inside):
+        raise PipelineError(
+            f"params.yaml curate.{key}: expected a file inside {CURATION_DIR}/ (the curate stage's dependency), found "
+            f"{value} linking to {path.resolve()}; copy the file into {CURATION_DIR}/ in place of the link"
+        )
+    return path
 
 
 def read_split(parquet: Path, split: str) -> SplitRows:

@@ -273,3 +273,51 @@ def test_a_curation_file_linking_out_of_curation_is_refused_naming_the_key(tmp_p
     (tmp_path / "curation/exclude.csv").unlink()
     (tmp_path / "curation/exclude.csv").write_text(EXCLUDE)
     assert stage.job_from_params(project(tmp_path, curate={"exclude": "curation/exclude.csv", "relabel": None}))
+
+
+def _killed_mid_write(job: stage.CurateJob) -> int:
+    """write_overlays in a forked child that is killed -9 halfway through writing the val overlay; its exit code."""
+    import multiprocessing
+    import os
+    import signal
+
+    def child() -> None:
+        real = stage.write_overlay
+
+        def half_then_die(table: pa.Table, path: Path) -> None:
+            real(table, path)
+            if "val" in path.name:
+                data = path.read_bytes()
+                path.write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        stage.write_overlay = half_then_die  # the child's module only
+        stage.write_overlays(job)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(120)
+    return int(process.exitcode or 0)
+
+
+def test_a_kill_during_the_overlay_write_leaves_the_previous_overlay_whole_and_a_rerun_the_same_bytes(
+        converted, tmp_path):
+    """The overlay is one version: a kill -9 while val.parquet is half written leaves the previous train, val and
+    curation.json (never a new train beside an old val, nor a half file under a final name); the rerun writes the
+    bytes a run never interrupted writes, and leaves no temporary behind."""
+    old = _copy(converted, tmp_path / "project", f"train,{A},a2.JPEG,dup\n")
+    stage.write_overlays(old)
+    before = {p.name: p.read_bytes() for p in sorted(old.overlay.iterdir())}
+    new_lines = (f"val,{B},vb2.JPEG,blurry\n", f"train,{B},b2.JPEG,{C},wrong\n")
+    for name, text in zip(("exclude.csv", "relabel.csv"), (EXCLUDE, RELABEL), strict=True):
+        (tmp_path / "project/curation" / name).write_text(text + new_lines[name == "relabel.csv"])
+    job = stage.job_from_params(project(tmp_path / "project", curate=CURATE))
+    assert _killed_mid_write(job) == -9
+    assert [p.name for p in job.overlay.parent.iterdir() if ".tmp-" in p.name]  # the killed run's, not published
+    assert {p.name: p.read_bytes() for p in sorted(job.overlay.iterdir())} == before
+    stage.write_overlays(job)
+    clean = _copy(converted, tmp_path / "clean", *new_lines)
+    stage.write_overlays(clean)
+    assert {p.name: p.read_bytes() for p in sorted(job.overlay.iterdir())} == {
+        p.name: p.read_bytes() for p in sorted(clean.overlay.iterdir())}
+    assert not [p.name for p in job.overlay.parent.iterdir() if ".tmp-" in p.name]

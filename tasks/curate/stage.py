@@ -153,7 +153,8 @@ def _quarantined(manifests: Path, split: str, missing: list[Line]) -> list[dict[
 
 
 def write_overlays(job: CurateJob) -> dict[str, Any]:
-    """Every split's overlay and curation.json; returns the report (curation.json's content)."""
+    """Every split's overlay and curation.json, published as one directory (a kill -9 mid-write leaves the previous
+    overlay whole, or none); returns the report (curation.json's content)."""
     ids = class_ids(read_label_map(job.label_map))
     held = "holdout" in _extract_report(job.manifests)
     found: dict[str, dict[str, set[str]]] = {"before": {}, "after": {}}
@@ -167,11 +168,12 @@ def write_overlays(job: CurateJob) -> dict[str, Any]:
         overlays[split] = overlay_table(split, rows.shards, labels, keep, edits)
         quarantined += missing
     curation_lines.check_classes(job.curation, found, ids, held)
-    for split, table in overlays.items():
-        with atomic_path(job.overlay / f"{split}.parquet", path_key("overlay")) as tmp:
-            write_overlay(table, tmp)
     report = _report(job.curation, quarantined)
-    write_json(job.overlay / CURATION_REPORT, report, path_key("overlay"))
+    with atomic_path(job.overlay, path_key("overlay")) as tmp:  # published whole: a kill never mixes two versions
+        tmp.mkdir()
+        for split, table in overlays.items():
+            write_overlay(table, tmp / f"{split}.parquet")
+        write_json(tmp / CURATION_REPORT, report)
     return report
 
 

@@ -196,3 +196,128 @@ def test_a_line_naming_an_image_convert_quarantined_applies_nothing_and_is_repor
     assert report["not_in_shards"] == [{"where": f"{tmp_path}/exclude.csv:2", "split": "train", "wnid": A,
                                         "name": "a2.JPEG"}]
     assert len(overlaid(job.parquet, job.label_map, "train")) == 5
+
+
+# ---------------------------------------------------------------- issue 36: paths, exact names, bad bytes
+def _quarantine(parquet: Path, name: str) -> None:
+    """`name` dropped from the train shards, as convert's quarantine leaves it (in the manifest only)."""
+    for shard in sorted((parquet / "train").glob("*.parquet")):
+        table = pq.read_table(shard)
+        pq.write_table(table.filter(pa.compute.not_equal(table.column("image").combine_chunks().field("path"), name)),
+                       shard)
+
+
+def test_the_overlay_is_byte_identical_from_two_checkouts_at_other_paths(converted, tmp_path):
+    """curation.json names the curation file as params.yaml does (relative), also for a line naming an image
+    convert quarantined: two copies of one project write the same bytes (the overlay's md5, dvc.lock)."""
+    lines = (f"train,{A},a2.JPEG,dup\nval,{B},vb2.JPEG,blurry\n", f"train,{B},b2.JPEG,{C},wrong\n")
+    written = []
+    for copy in ("one", "elsewhere/two"):
+        job = _copy(converted, tmp_path / copy, *lines)
+        _quarantine(job.parquet, "a2.JPEG")
+        report = stage.write_overlays(job)
+        assert report["not_in_shards"] == [{"where": "curation/exclude.csv:2", "split": "train", "wnid": A,
+                                            "name": "a2.JPEG"}]
+        written.append({p.name: p.read_bytes() for p in sorted(job.overlay.iterdir())})
+    assert written[0] == written[1] and b"one" not in written[0]["curation.json"]
+
+
+def test_class_names_are_compared_exactly_a_space_is_another_class(tmp_path):
+    """ImageFolder keeps `cat` and `cat ` apart, so does the label map: a relabel into `cat ` lands in `cat `;
+    a line naming a class the dataset lacks (`cat  `, ` cat`) is refused naming its line, never stripped."""
+    from tests.test_extract import make_tree
+
+    layout = {split: {"cat": [f"{split}1.jpg", f"{split}2.jpg"], "cat ": [f"{split}3.jpg"],
+                     "dog": [f"{split}4.jpg", f"{split}5.jpg"]}
+              for split in SPLITS}
+    make_tree(tmp_path / "tree", layout)
+    run_folder(tmp_path / "tree", tmp_path / "out")
+    report = curate_out(tmp_path / "out", read_lines(tmp_path, relabel="train,dog,train4.jpg,cat ,wrong\n"))
+    assert report["relabel"]["train"]["by_class"] == {"dog->cat ": 1}
+    rows = overlaid(tmp_path / "out/parquet", tmp_path / "out/label_map.json", "train")
+    assert ("cat ", "train4.jpg") in rows and ("cat", "train4.jpg") not in rows
+    shutil.rmtree(tmp_path / "out/overlay")
+    for exclude, relabel, found in [("", "train,dog,train4.jpg,cat  ,wrong\n", "new_wnid a class of the dataset"),
+                                    (" train,cat,train1.jpg,x\n", "", "split one of train, val, found ' train'"),
+                                    ("train, cat,train1.jpg,x\n", "", "wnid a class of the dataset"),
+                                    ("train,cat,train1.jpg ,x\n", "", "an image train1.jpg  of class cat in train")]:
+        with pytest.raises(PipelineError) as err:
+            curate_out(tmp_path / "out", read_lines(tmp_path, exclude, relabel))
+        message = str(err.value)
+        assert message.startswith(f"{tmp_path}/{'relabel' if relabel else 'exclude'}.csv:2: expected {found}"), message
+        assert not (tmp_path / "out/overlay").exists()
+
+
+@pytest.mark.parametrize("data, line, found", [
+    (EXCLUDE.encode() + f"train,{A},a1.JPEG,ok\n".encode() + b"train,n01443537,b\xe9.JPEG,latin-1\n", 3,
+     r"found the bytes b'\\xe9' \(not UTF-8\)"),
+    (b"split,wnid,name,re\xffson\n", 1, r"found the bytes b'\\xff' \(not UTF-8\)"),
+    (EXCLUDE.encode() + b"\n,,,\n", 3, r"expected a line split,wnid,name,reason, found ',,,', only empty fields"),
+    (EXCLUDE.encode() + b",,\n", 2, r"expected 4 fields"),
+    (EXCLUDE.encode() + f"train,{A},a1.JPEG,  \n".encode(), 2, r"expected a name and a reason"),
+])
+def test_bad_bytes_and_empty_lines_fail_naming_the_file_and_line(tmp_path, data, line, found):
+    (tmp_path / "exclude.csv").write_bytes(data)
+    with pytest.raises(PipelineError, match=found) as err:
+        curate.read_curation(tmp_path / "exclude.csv", None)
+    assert str(err.value).startswith(f"{tmp_path}/exclude.csv:{line}: expected ") and "\n" not in str(err.value)
+
+
+def test_a_curation_file_linking_out_of_curation_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "curation").mkdir()
+    (tmp_path / "outside-exclude.csv").write_text(EXCLUDE)
+    (tmp_path / "curation/exclude.csv").symlink_to(tmp_path / "outside-exclude.csv")
+    with pytest.raises(PipelineError, match=r"^params.yaml curate.exclude: expected a file inside curation/ .*, found "
+                                            r"curation/exclude.csv linking to .*outside-exclude.csv; copy the file"):
+        stage.job_from_params(project(tmp_path, curate={"exclude": "curation/exclude.csv", "relabel": None}))
+    (tmp_path / "curation/exclude.csv").unlink()
+    (tmp_path / "curation/exclude.csv").write_text(EXCLUDE)
+    assert stage.job_from_params(project(tmp_path, curate={"exclude": "curation/exclude.csv", "relabel": None}))
+
+
+def _killed_mid_write(job: stage.CurateJob) -> int:
+    """write_overlays in a forked child that is killed -9 halfway through writing the val overlay; its exit code."""
+    import multiprocessing
+    import os
+    import signal
+
+    def child() -> None:
+        real = stage.write_overlay
+
+        def half_then_die(table: pa.Table, path: Path) -> None:
+            real(table, path)
+            if "val" in path.name:
+                data = path.read_bytes()
+                path.write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        stage.write_overlay = half_then_die  # the child's module only
+        stage.write_overlays(job)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(120)
+    return int(process.exitcode or 0)
+
+
+def test_a_kill_during_the_overlay_write_leaves_the_previous_overlay_whole_and_a_rerun_the_same_bytes(
+        converted, tmp_path):
+    """The overlay is one version: a kill -9 while val.parquet is half written leaves the previous train, val and
+    curation.json (never a new train beside an old val, nor a half file under a final name); the rerun writes the
+    bytes a run never interrupted writes, and leaves no temporary behind."""
+    old = _copy(converted, tmp_path / "project", f"train,{A},a2.JPEG,dup\n")
+    stage.write_overlays(old)
+    before = {p.name: p.read_bytes() for p in sorted(old.overlay.iterdir())}
+    new_lines = (f"val,{B},vb2.JPEG,blurry\n", f"train,{B},b2.JPEG,{C},wrong\n")
+    for name, text in zip(("exclude.csv", "relabel.csv"), (EXCLUDE, RELABEL), strict=True):
+        (tmp_path / "project/curation" / name).write_text(text + new_lines[name == "relabel.csv"])
+    job = stage.job_from_params(project(tmp_path / "project", curate=CURATE))
+    assert _killed_mid_write(job) == -9
+    assert [p.name for p in job.overlay.parent.iterdir() if ".tmp-" in p.name]  # the killed run's, not published
+    assert {p.name: p.read_bytes() for p in sorted(job.overlay.iterdir())} == before
+    stage.write_overlays(job)
+    clean = _copy(converted, tmp_path / "clean", *new_lines)
+    stage.write_overlays(clean)
+    assert {p.name: p.read_bytes() for p in sorted(job.overlay.iterdir())} == {
+        p.name: p.read_bytes() for p in sorted(clean.overlay.iterdir())}
+    assert not [p.name for p in job.overlay.parent.iterdir() if ".tmp-" in p.name]

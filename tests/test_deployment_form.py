@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
     ({"preset": "imagenet21k-archive", "location": "/d", "holdout_seed": -1}, "greater than or equal to 0"),
     ({"preset": "imagenet"}, "'sample', 'imagenet1k-archives', 'imagenet100-folder' or 'imagenet21k-archive'"),
     ({"colour": "red"}, "Extra inputs are not permitted"),
+    ({"exclude": "../outside-exclude.csv"}, "exclude\n  Value error, expected a relative path under curation/"),
+    ({"relabel": "/abs/relabel.csv"}, "relabel\n  Value error, expected a relative path under curation/"),
 ])
 def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
     with pytest.raises(ValidationError, match=message.replace("(", r"\(")) as err:
@@ -43,7 +45,7 @@ def test_form_rejects_invalid_values_with_a_clear_message(fields, message):
     {"preset": "imagenet1k-archives"}, {"classes": "file", "classes_file": None}, {"resize_shorter": 0},
     {"preset": "imagenet21k-archive"}, {"preset": "imagenet21k-archive", "location": "/d", "archive": None},
     {"preset": "imagenet21k-archive", "location": "/d", "holdout_fraction": 0},
-    {"quality": 101}, {"policy": "lossless"},
+    {"quality": 101}, {"policy": "lossless"}, {"exclude": "../outside-exclude.csv"}, {"relabel": "data/r.csv"},
 ])
 def test_json_schema_the_server_enforces_rejects_what_the_model_rejects(fields):
     """The Prefect server validates a run's parameters against the deployment's JSON schema before creating the
@@ -114,6 +116,12 @@ def test_the_imagenet21k_preset_writes_what_a_hand_written_params_yaml_for_archi
 
 
 def test_preflight_refuses_a_local_path_that_does_not_exist(tmp_path):
+    with pytest.raises(PipelineError, match="`exclude` is 'curation/exclude.csv', which does not exist on this machine"):
+        preflight(RunParams(), tmp_path)  # the curation files: in the project, under curation/
+    (tmp_path / "curation").mkdir()
+    (tmp_path / "curation/exclude.csv").write_text("split,wnid,name,reason\n")
+    preflight(RunParams(relabel=None), tmp_path)
+    (tmp_path / "curation/relabel.csv").write_text("split,wnid,name,new_wnid,reason\n")
     missing = RunParams(preset="imagenet100-folder", location=str(tmp_path / "nope"))
     with pytest.raises(PipelineError, match="`location` is .*nope.*does not exist on this machine"):
         preflight(missing, tmp_path)

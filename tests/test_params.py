@@ -153,3 +153,83 @@ def test_a_form_value_the_models_refuse_never_reaches_params_yaml(tmp_path):
     with pytest.raises(PipelineError, match=r"convert.quality: expected an integer in \[1, 100\], found 500"):
         apply_params(params_file, {("convert", "quality"): 500})
     assert params_file.read_text() == before
+
+
+# ---------------------------------------------------------------- issue 36: curation files tracked, params.yaml read strictly
+CURATION_PATHS = ["curation/exclude.csv", "curation/sub/mine.csv", "../outside-exclude.csv", "/tmp/curation/x.csv",
+                  "curation/../outside.csv", "data/exclude.csv", "curation", "curation/", "curation/.hidden.csv",
+                  "./curation/exclude.csv", "curation//x.csv", ""]
+
+
+@pytest.mark.parametrize("value", CURATION_PATHS)
+def test_a_curation_file_must_be_under_the_curate_stages_dependency_and_the_form_agrees(tmp_path, value):
+    """A curation file outside curation/ is no input of the curate stage (an edit would rerun nothing): the params
+    model refuses it naming the key, the run form and the JSON schema the Prefect server checks refuse it too."""
+    from prefect.utilities.schema_tools.validation import ValidationError as SchemaError
+    from prefect.utilities.schema_tools.validation import validate
+
+    from flows.pipeline import imagenet_parquet
+
+    accepted = value in ("curation/exclude.csv", "curation/sub/mine.csv")
+    for key in ("exclude", "relabel"):
+        if accepted:
+            assert getattr(project(tmp_path, curate={key: value}).params.curate, key) == value
+            assert getattr(RunParams(**{key: value}), key) == value
+            continue
+        with pytest.raises(PipelineError) as err:
+            project(tmp_path, curate={key: value})
+        problem = str(err.value).splitlines()[1]
+        assert problem == (f"  - curate.{key}: expected a relative path under curation/ (the curate stage's dependency "
+                           f"in dvc.yaml: an edit reruns the stage), found {value!r}; move the file into curation/ and "
+                           "give its path there")
+        with pytest.raises(ValidationError, match="expected a relative path under curation/"):
+            RunParams(**{key: value})
+        with pytest.raises(SchemaError):
+            validate({"params": {key: value}}, imagenet_parquet.parameters.model_dump(), raise_on_error=True)
+
+
+def test_dvc_yaml_lists_the_curation_directory_as_a_dependency_of_curate():
+    from tasks.common.param_rules import CURATION_DIR
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert CURATION_DIR in stages["curate"]["deps"]
+    assert all(value.startswith(f"{CURATION_DIR}/") for value in repo_doc()["curate"].values() if value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda text: text.replace("  quality: 90", "  quality: 90\n  quality: 50"),
+     r"params.yaml:(\d+): convert.quality: expected each key once, found it again \(first at line (\d+);"),
+    (lambda text: text + "convert:\n  quality: 50\n",
+     r"params.yaml:(\d+): convert: expected each key once, found it again \(first at line (\d+);"),
+    (lambda text: text.replace("holdout: null", "holdout: {fraction: 0.1, seed: 1, seed: 2}"),
+     r"params.yaml:(\d+): extract.holdout.seed: expected each key once, found it again \(first at line (\d+);"),
+])
+def test_a_key_given_twice_in_params_yaml_is_refused_naming_it_and_its_lines(tmp_path, edit, message):
+    params = write_params(tmp_path)
+    params.write_text(edit(params.read_text()))
+    with pytest.raises(PipelineError, match=message) as err:
+        load_project(params)
+    assert "\n" not in str(err.value)
+
+
+def test_params_yaml_not_utf8_or_doubled_keys_is_one_line_from_a_stage_run_by_hand_and_the_run_form(tmp_path):
+    params = write_params(tmp_path)
+    good = params.read_text()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    for data, message in [
+        (good.replace("quality: 90", "quality: 90 # qualit\xe9").encode("latin-1"),
+         rf"params.yaml:{good[:good.index('quality: 90')].count(chr(10)) + 1}: expected UTF-8 text, found the bytes "
+         r"b'\\xe9'; save the file as UTF-8"),
+        (good.replace("  quality: 90", "  quality: 90\n  quality: 50").encode(), "convert.quality: expected each key once"),
+    ]:
+        params.write_bytes(data)
+        done = subprocess.run([sys.executable, "-m", "flows.curate"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout, done.stderr
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: params.yaml:"), done.stderr
+        assert __import__("re").search(message, lines[0]), lines[0]
+        with pytest.raises(PipelineError, match=message):
+            apply_params(params, params_updates(RunParams(quality=80)))
+        assert params.read_bytes() == data

@@ -1,15 +1,19 @@
 """Value rules the params models (tasks/common/param_sections.py) apply: no secret in a URL, every `paths:` entry
-inside the project. Plain functions, used as pydantic validators there (and by anything else that must judge the
-same values)."""
+inside the project, every curation file a tracked input of the curate stage. Plain functions and data, used as
+pydantic validators there, by the run form (tasks/deploy/run_form.py, whose fields take these models' types) and
+by the JSON schema the Prefect server checks a run against (anything else that must judge the same values too)."""
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import ValidationInfo
+from pydantic import GetJsonSchemaHandler, ValidationInfo
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 # Query keys that carry a secret: pre-signed S3 / GCS / Azure SAS / CloudFront URLs, token and API-key links.
 SECRET_QUERY_KEYS = re.compile(
@@ -17,6 +21,36 @@ SECRET_QUERY_KEYS = re.compile(
     r"|^(sig|key|auth|policy|key-pair-id|googleaccessid)$",
     re.IGNORECASE,
 )
+
+
+# The curation files (params.yaml curate.exclude / curate.relabel) live under this directory, which dvc.yaml lists
+# as a dependency of the curate stage (tests/test_params.py checks it): an edit reruns curate, `dvc status` sees it.
+# A relative path below it whose every component is a plain name (no `..`, `.`, hidden or empty component).
+CURATION_DIR = "curation"
+CURATION_PATTERN = rf"^{CURATION_DIR}(/[^/.][^/]*)+$"
+
+
+def curation_file(value: str) -> str:
+    """A curation file is a tracked input of the curate stage: a relative path under CURATION_DIR/."""
+    if not re.fullmatch(CURATION_PATTERN, value):
+        raise ValueError(
+            f"expected a relative path under {CURATION_DIR}/ (the curate stage's dependency in dvc.yaml: an edit "
+            f"reruns the stage), found {value!r}; move the file into {CURATION_DIR}/ and give its path there"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class JsonPattern:
+    """Annotation metadata: the regular expression a text value matches, written into the JSON schema (the Prefect
+    server refuses a run form value that breaks it); the model's own validator gives the message."""
+
+    pattern: str
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        found = handler(schema)
+        found["pattern"] = self.pattern
+        return found
 
 
 def secrets_in(url: str) -> str | None:

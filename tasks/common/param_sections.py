@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from tasks.common.param_rules import in_project, secrets_in
+from tasks.common.param_rules import CURATION_PATTERN, JsonPattern, curation_file, in_project, secrets_in
 
 SPEED_ONLY: JsonDict = {"speed_only": True}
 
@@ -278,6 +278,14 @@ class ValidateParams(Section):
         raise ValueError(f'expected a row count (int >= 0), a fraction (0..1) or "all", found {value!r}')
 
 
+# A curation file: under curation/, the curate stage's dependency in dvc.yaml (rule as data: param_rules.py).
+CurationFile = Annotated[str, AfterValidator(curation_file), JsonPattern(CURATION_PATTERN)]
+
+
 class CurateParams(Section):
-    exclude: Text | None = Field(description="a CSV split,wnid,name,reason of images to drop (null: none)")
-    relabel: Text | None = Field(description="a CSV split,wnid,name,new_wnid,reason of images to move (null: none)")
+    exclude: CurationFile | None = Field(
+        description="a CSV split,wnid,name,reason of images to drop, under curation/ (null: none)"
+    )
+    relabel: CurationFile | None = Field(
+        description="a CSV split,wnid,name,new_wnid,reason of images to move, under curation/ (null: none)"
+    )

@@ -58,6 +58,7 @@ __all__ = [  # the sections' models are re-exported: `from tasks.common.params i
     "load_project",
     "output_keys",
     "path_key",
+    "read_yaml",
     "resolve_path",
     "validate_params",
 ]
@@ -281,8 +282,46 @@ def load_project(params_file: str | os.PathLike[str] = "params.yaml") -> Project
 
 @functools.lru_cache(maxsize=8)
 def _load(file: Path, _mtime_ns: int, _size: int, shown: str) -> Project:
+    return Project(file.parent, validate_params(read_yaml(file, shown), shown, file.parent))
+
+
+def read_yaml(file: Path, shown: str) -> Any:
+    """params.yaml parsed: UTF-8, valid YAML, each key once per mapping (YAML's loaders keep the last of two
+    silently); any other is one PipelineError naming the file, and the line or key."""
     try:
-        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
+        data = file.read_bytes()
+    except OSError as err:
+        raise PipelineError(f"{shown}: expected the project's params.yaml, found: {err}; restore it from git") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise PipelineError(
+            f"{shown}:{line}: expected UTF-8 text, found the bytes {data[err.start : err.end]!r}; save the file as "
+            "UTF-8 (or restore it from git: `git checkout params.yaml`)"
+        ) from None
+    try:
+        _no_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), shown, "")
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
-    return Project(file.parent, validate_params(doc, shown, file.parent))
+
+
+def _no_duplicate_keys(node: yaml.Node | None, shown: str, where: str) -> None:
+    """Every mapping of the document holds each key once (a second `quality:` would silently win)."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _no_duplicate_keys(item, shown, where)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    first: dict[str, int] = {}
+    for key, value in node.value:
+        name = f"{where}{key.value}" if isinstance(key, yaml.ScalarNode) else f"{where}{key.start_mark.line + 1}"
+        line = key.start_mark.line + 1
+        if name in first:
+            raise PipelineError(
+                f"{shown}:{line}: {name}: expected each key once, found it again (first at line {first[name]}; YAML "
+                "keeps the last silently); delete one of the two"
+            )
+        first[name] = line
+        _no_duplicate_keys(value, shown, f"{name}.")

@@ -11,10 +11,11 @@ and class (`<paths.overlay>/curation.json`)."""
 from __future__ import annotations
 
 import csv
+import io
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tasks.common import SPLITS, PipelineError
 from tasks.common.synsets import WNID, Catalog, class_name_problem
@@ -26,12 +27,13 @@ HEADERS = {"exclude": ["split", "wnid", "name", "reason"], "relabel": ["split", 
 class Line:
     """One curation line: where it is written, the image it names, and (relabel) the class it moves to."""
 
-    where: str  # <file>:<line number>
+    where: str  # <file>:<line number>, the file as read (errors)
     split: str
     wnid: str
     name: str
     reason: str
-    new_wnid: str | None = None
+    new_wnid: str | None
+    at: str  # <file>:<line number>, the file as params.yaml names it (outputs: no checkout path)
 
 
 @dataclass(frozen=True)
@@ -50,21 +52,21 @@ def read_curation(
     """Both files parsed and checked for form (header, split, class names — wnids of `catalog` when the source is
     known to be WordNet-named —, a reason, each image once); `shown`: the names recorded in the report (params.yaml's,
     relative: the report must not depend on the checkout's path)."""
-    lines = {kind: _read(kind, path, catalog) for kind, path in (("exclude", exclude), ("relabel", relabel))}
+    files = {"exclude": str(exclude) if exclude else None, "relabel": str(relabel) if relabel else None}
+    shown = shown or files
+    lines = {
+        kind: _read(kind, path, shown[kind], catalog) for kind, path in (("exclude", exclude), ("relabel", relabel))
+    }
     seen: dict[tuple[str, str, str], str] = {}
     for line in lines["exclude"] + lines["relabel"]:
         image = (line.split, line.wnid, line.name)
         if image in seen:
             fail(line.where, "each image once over both curation files", f"{image} again (first at {seen[image]})")
         seen[image] = line.where
-    return Curation(
-        shown or {"exclude": str(exclude) if exclude else None, "relabel": str(relabel) if relabel else None},
-        tuple(lines["exclude"]),
-        tuple(lines["relabel"]),
-    )
+    return Curation(shown, tuple(lines["exclude"]), tuple(lines["relabel"]))
 
 
-def _read(kind: str, path: Path | None, catalog: Catalog | None) -> list[Line]:
+def _read(kind: str, path: Path | None, shown: str | None, catalog: Catalog | None) -> list[Line]:
     if path is None:
         return []
     if not path.is_file():
@@ -72,24 +74,45 @@ def _read(kind: str, path: Path | None, catalog: Catalog | None) -> list[Line]:
             f"params.yaml curate.{kind}: expected a CSV with header {','.join(HEADERS[kind])}, found {path} (no "
             f"such file); create it (the header alone applies nothing) or set curate.{kind}: null"
         )
+    rows = _rows(kind, path)
+    if not rows or rows[0][1] != HEADERS[kind]:
+        fail(f"{path}:1", f"the header {','.join(HEADERS[kind])}", repr(",".join(rows[0][1]) if rows else ""))
+    return [
+        _line(kind, f"{path}:{n}", f"{shown or path}:{n}", row, catalog) for n, row in rows[1:] if row
+    ]  # an empty line is skipped; a line of empty fields (only commas) is refused by _line
+
+
+def _rows(kind: str, path: Path) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of every record; bytes that are not UTF-8 fail naming their line."""
+    expected = f"a UTF-8 CSV with header {','.join(HEADERS[kind])} (params.yaml curate.{kind})"
     try:
-        with open(path, encoding="utf-8-sig", newline="") as fh:  # -sig: a BOM (spreadsheet exports) is no field
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        data = path.read_bytes()
+    except OSError as err:
         raise PipelineError(
-            f"{path}: expected a CSV with header {','.join(HEADERS[kind])} (params.yaml curate.{kind}), found: "
-            f"{err}; fix the file or set curate.{kind}: null"
+            f"{path}: expected {expected}, found: {err}; fix the file or set curate.{kind}: null"
         ) from None
-    if not rows or rows[0] != HEADERS[kind]:
-        fail(f"{path}:1", f"the header {','.join(HEADERS[kind])}", repr(",".join(rows[0]) if rows else ""))
-    return [_line(kind, f"{path}:{n}", row, catalog) for n, row in enumerate(rows[1:], start=2) if any(row)]
+    try:
+        text = data.decode("utf-8-sig")  # -sig: a BOM (spreadsheet exports) is no field
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        fail(f"{path}:{line}", expected, f"the bytes {data[err.start : err.end]!r} (not UTF-8); save it as UTF-8")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return [(reader.line_num, row) for row in reader]
+    except csv.Error as err:
+        fail(f"{path}:{reader.line_num}", expected, str(err))
 
 
-def _line(kind: str, where: str, row: list[str], catalog: Catalog | None) -> Line:
+def _line(kind: str, where: str, at: str, row: list[str], catalog: Catalog | None) -> Line:
+    """One record (`where`: as read, for errors; `at`: as params.yaml names the file, for outputs). Fields are taken
+    exactly as written — a class "cat " is not "cat" (ImageFolder keeps them apart) —, the free-text reason alone is
+    stripped."""
     fields = HEADERS[kind]
     if len(row) != len(fields):
         fail(where, f"{len(fields)} fields ({','.join(fields)})", f"{len(row)}: {','.join(row)!r}")
-    values = dict(zip(fields, (v.strip() for v in row), strict=True))
+    if not any(row):
+        fail(where, f"a line {','.join(fields)}", f"{','.join(row)!r}, only empty fields; delete the line")
+    values = dict(zip(fields, row, strict=True))
     if values["split"] not in SPLITS:
         fail(where, f"split one of {', '.join(SPLITS)}", repr(values["split"]))
     for key in ("wnid", "new_wnid"):
@@ -98,11 +121,12 @@ def _line(kind: str, where: str, row: list[str], catalog: Catalog | None) -> Lin
         if problem:
             fail(where, f"{key} a class name", problem)
     _check_classes(where, values.get("wnid"), values.get("new_wnid"), catalog)
-    if not values["name"] or not values["reason"]:
+    reason = values["reason"].strip()
+    if not values["name"] or not reason:
         fail(where, "a name and a reason", f"{','.join(row)!r}")
     if values.get("new_wnid") == values["wnid"]:
         fail(where, "new_wnid other than wnid", repr(values["wnid"]))
-    return Line(where, values["split"], values["wnid"], values["name"], values["reason"], values.get("new_wnid"))
+    return Line(where, values["split"], values["wnid"], values["name"], reason, values.get("new_wnid"), at)
 
 
 def _check_classes(where: str, wnid: str | None, new_wnid: str | None, catalog: Catalog | None) -> None:
@@ -116,7 +140,7 @@ def _check_classes(where: str, wnid: str | None, new_wnid: str | None, catalog: 
             fail(where, f"{key} {catalog.a_wnid}", repr(name))
 
 
-def fail(where: str, expected: str, found: str) -> None:
+def fail(where: str, expected: str, found: str) -> NoReturn:
     raise PipelineError(f"{where}: expected {expected}, found {found}; fix the curation file (docs/CONTRACTS.md)")
 
 

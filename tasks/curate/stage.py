@@ -25,6 +25,7 @@ from imagenet_parquet.overlay import footer_digest, footer_tail, overlay_table, 
 from tasks.common import SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.layout import CURATION_REPORT, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
+from tasks.common.param_rules import CURATION_DIR
 from tasks.common.params import Project, path_key
 from tasks.curate import lines as curation_lines
 from tasks.curate.lines import Curation, Line
@@ -54,12 +55,26 @@ def job_from_params(project: Project) -> CurateJob:
     """The job; a malformed curation file fails now, naming its line."""
     cur = project.params.curate
     curation = curation_lines.read_curation(
-        project.resolve(cur.exclude) if cur.exclude else None,
-        project.resolve(cur.relabel) if cur.relabel else None,
+        _tracked(project, "exclude", cur.exclude),
+        _tracked(project, "relabel", cur.relabel),
         {"exclude": cur.exclude, "relabel": cur.relabel},
     )
     path = project.path
     return CurateJob(path("parquet"), path("manifests"), path("label_map"), path("overlay"), curation)
+
+
+def _tracked(project: Project, key: str, value: str | None) -> Path | None:
+    """A curation file (under curation/: the params model checks the path) that is not a link out of curation/: git
+    would hold the link, not the lines (another checkout curates with whatever the link finds there, or fails)."""
+    if value is None:
+        return None
+    path, inside = project.resolve(value), (project.root / CURATION_DIR).resolve()
+    if path.exists() and not path.resolve().is_relative_to(inside):
+        raise PipelineError(
+            f"params.yaml curate.{key}: expected a file inside {CURATION_DIR}/ (the curate stage's dependency), found "
+            f"{value} linking to {path.resolve()}; copy the file into {CURATION_DIR}/ in place of the link"
+        )
+    return path
 
 
 def read_split(parquet: Path, split: str) -> SplitRows:
@@ -95,21 +110,30 @@ def apply_lines(
     quarantined (in the manifest, not in the shards: nothing to apply). A line naming no image fails."""
     exclude = [line for line in curation.exclude if line.split == split]
     relabel = [line for line in curation.relabel if line.split == split]
+    index = _class_index(ids, exclude + relabel)
     position = _positions(rows, ids, exclude + relabel)
     missing = [line for line in exclude + relabel if (line.wnid, line.name) not in position]
     quarantined = _quarantined(manifests, split, missing)
     labels, keep = rows.labels.copy(), np.ones(len(rows.labels), dtype=bool)
-    index = {name: label for label, name in enumerate(ids)}
     for line in relabel:
-        if line.new_wnid not in index:
-            kept = "a class of the dataset (label_map.json: the classes extract keeps; a relabel never drops)"
-            curation_lines.fail(line.where, f"new_wnid {kept}", repr(line.new_wnid))
         if (line.wnid, line.name) in position:
             labels[position[line.wnid, line.name]] = index[str(line.new_wnid)]
     for line in exclude:
         if (line.wnid, line.name) in position:
             keep[position[line.wnid, line.name]] = False
     return labels, keep, quarantined
+
+
+def _class_index(ids: list[str], lines: list[Line]) -> dict[str, int]:
+    """Class name -> label; a line naming a class the dataset does not have fails. Names are compared exactly:
+    "cat " is a class of its own (ImageFolder keeps it apart from "cat"), never "cat"."""
+    index = {name: label for label, name in enumerate(ids)}
+    for line in lines:
+        for key, name in (("wnid", line.wnid), ("new_wnid", line.new_wnid)):
+            if name is not None and name not in index:
+                kept = "a class of the dataset (label_map.json: the classes extract keeps; a relabel never drops)"
+                curation_lines.fail(line.where, f"{key} {kept}", repr(name))
+    return index
 
 
 def _quarantined(manifests: Path, split: str, missing: list[Line]) -> list[dict[str, Any]]:
@@ -125,11 +149,12 @@ def _quarantined(manifests: Path, split: str, missing: list[Line]) -> list[dict[
             curation_lines.fail(
                 line.where, f"an image {line.name} of class {line.wnid} in {split}", "no such image in the source"
             )
-    return [{"where": x.where, "split": split, "wnid": x.wnid, "name": x.name} for x in missing]
+    return [{"where": x.at, "split": split, "wnid": x.wnid, "name": x.name} for x in missing]
 
 
 def write_overlays(job: CurateJob) -> dict[str, Any]:
-    """Every split's overlay and curation.json; returns the report (curation.json's content)."""
+    """Every split's overlay and curation.json, published as one directory (a kill -9 mid-write leaves the previous
+    overlay whole, or none); returns the report (curation.json's content)."""
     ids = class_ids(read_label_map(job.label_map))
     held = "holdout" in _extract_report(job.manifests)
     found: dict[str, dict[str, set[str]]] = {"before": {}, "after": {}}
@@ -143,11 +168,12 @@ def write_overlays(job: CurateJob) -> dict[str, Any]:
         overlays[split] = overlay_table(split, rows.shards, labels, keep, edits)
         quarantined += missing
     curation_lines.check_classes(job.curation, found, ids, held)
-    for split, table in overlays.items():
-        with atomic_path(job.overlay / f"{split}.parquet", path_key("overlay")) as tmp:
-            write_overlay(table, tmp)
     report = _report(job.curation, quarantined)
-    write_json(job.overlay / CURATION_REPORT, report, path_key("overlay"))
+    with atomic_path(job.overlay, path_key("overlay")) as tmp:  # published whole: a kill never mixes two versions
+        tmp.mkdir()
+        for split, table in overlays.items():
+            write_overlay(table, tmp / f"{split}.parquet")
+        write_json(tmp / CURATION_REPORT, report)
     return report
 
 

@@ -23,7 +23,7 @@ from ruamel.yaml.comments import CommentedMap
 from yaml import safe_load
 
 from tasks.common import PipelineError, write_text
-from tasks.common.params import NESTED, SECTIONS, resolve_path, validate_params
+from tasks.common.params import NESTED, SECTIONS, read_yaml, resolve_path, validate_params
 from tasks.deploy.form_rules import Rule, broken, rules_schema
 
 
@@ -38,17 +38,21 @@ PARAMS_FIELDS = {
     "policy": ("convert", "policy"),
     "quality": ("convert", "quality"),
     "resize_shorter": ("convert", "resize_shorter"),
+    "exclude": ("curate", "exclude"),  # curation files: under curation/ (tasks/common/param_rules.py), as params.yaml
+    "relabel": ("curate", "relabel"),
 }
 if TYPE_CHECKING:  # what the models say, spelled out for type checkers
     PolicyField = str
     QualityField = int
     ResizeField = int | None
+    CurationField = str | None
     FractionField = float
     SeedField = int
 else:
     PolicyField = _like(*PARAMS_FIELDS["policy"])
     QualityField = _like(*PARAMS_FIELDS["quality"])
     ResizeField = _like(*PARAMS_FIELDS["resize_shorter"])
+    CurationField = _like(*PARAMS_FIELDS["exclude"])  # relabel: the same type
     FractionField = _like("extract.holdout", "fraction")  # the holdout's keys: extract.holdout: {fraction, seed}
     SeedField = _like("extract.holdout", "seed")
 
@@ -183,6 +187,18 @@ class RunParams(BaseModel):
             "Empty: keep the size."
         ),
     )
+    exclude: CurationField = Field(
+        "curation/exclude.csv",
+        title="Exclude list",
+        description="A CSV split,wnid,name,reason of images to drop, under curation/ in the project (tracked: the "
+        "curate stage reruns when it changes). Cleared (null): none.",
+    )
+    relabel: CurationField = Field(
+        "curation/relabel.csv",
+        title="Relabel table",
+        description="A CSV split,wnid,name,new_wnid,reason of images to move to another class, under curation/ in the "
+        "project. Cleared (null): none.",
+    )
     push: bool = Field(
         False,
         title="dvc push",
@@ -245,6 +261,7 @@ def apply_params(
     The file is rewritten (atomically) only when a value changes, and only when the result validates whole
     (tasks.common.params); everything else in it is kept as written."""
     params_file = Path(params_file)
+    read_yaml(params_file, str(params_file))  # UTF-8, valid YAML, each key once: one clear line, not a traceback
     yaml = _yaml()
     doc = yaml.load(params_file.read_text(encoding="utf-8"))
     changed = {}
@@ -275,6 +292,7 @@ def preflight(form: RunParams, project: Path) -> None:
     local = [("location", form.location)] if form.preset is not SourcePreset.sample else []
     if form.classes is ClassSubset.file:
         local.append(("classes_file", form.classes_file))
+    local += [(field, getattr(form, field)) for field in ("exclude", "relabel")]  # curation files, in the project
     if form.preset is SourcePreset.archive21k:
         if form.archive and form.location and "/" not in form.archive and not _is_url(form.location):
             local.append(("archive", str(Path(form.location) / form.archive)))  # a file name under location

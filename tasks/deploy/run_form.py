@@ -38,17 +38,20 @@ PARAMS_FIELDS = {
     "policy": ("convert", "policy"),
     "quality": ("convert", "quality"),
     "resize_shorter": ("convert", "resize_shorter"),
+    "max_side": ("convert", "max_side"),
 }
 if TYPE_CHECKING:  # what the models say, spelled out for type checkers
     PolicyField = str
     QualityField = int
     ResizeField = int | None
+    MaxSideField = int | None
     FractionField = float
     SeedField = int
 else:
     PolicyField = _like(*PARAMS_FIELDS["policy"])
     QualityField = _like(*PARAMS_FIELDS["quality"])
     ResizeField = _like(*PARAMS_FIELDS["resize_shorter"])
+    MaxSideField = _like(*PARAMS_FIELDS["max_side"])
     FractionField = _like("extract.holdout", "fraction")  # the holdout's keys: extract.holdout: {fraction, seed}
     SeedField = _like("extract.holdout", "seed")
 
@@ -171,7 +174,8 @@ class RunParams(BaseModel):
         title="Encoding policy",
         description=(
             "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images, and images larger than "
-            "`resize_shorter`, are still converted). reencode: decode and re-encode every image as JPEG at `quality`."
+            "`resize_shorter` or `max_side`, are still converted). reencode: decode and re-encode every image as "
+            "JPEG at `quality`."
         ),
     )
     quality: QualityField = Field(90, title="JPEG quality", description="When an image is (re-)encoded.")
@@ -181,6 +185,15 @@ class RunParams(BaseModel):
         description=(
             "Resize images whose shorter side is larger to this many pixels (re-encoded; never upscaled). "
             "Empty: keep the size."
+        ),
+    )
+    max_side: MaxSideField = Field(
+        None,
+        title="Bound the longer side",
+        description=(
+            "Resize images whose longer side is larger to this many pixels, aspect kept (re-encoded at `quality`; "
+            "never upscaled): a small training copy, e.g. 320 or 500. With `resize_shorter` the tighter bound "
+            "applies. Empty: no bound."
         ),
     )
     push: bool = Field(

@@ -47,7 +47,9 @@ HF_METADATA_KEY = b"huggingface"
 CLASS_FIELDS = "class_fields"  # label_map: one list per class field, no names (stored_label_map)
 IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of image.bytes, in the footer
 # Every `transform` value is `none` or these steps joined by `+`.
-TRANSFORM_STEP_PATTERN = r"[a-z0-9]+_to_jpeg|cmyk_to_rgb|to_rgb|exif_transpose|resize_[0-9]+|reencode_q[0-9]+"
+TRANSFORM_STEP_PATTERN = (
+    r"[a-z0-9]+_to_jpeg|cmyk_to_rgb|to_rgb|exif_transpose|resize_[0-9]+|max_side_[0-9]+|reencode_q[0-9]+"
+)
 TRANSFORM_PATTERN = rf"^(none|({TRANSFORM_STEP_PATTERN})(\+({TRANSFORM_STEP_PATTERN}))*)$"
 _VALUE_DTYPES = {
     pa.int8(): "int8",

@@ -200,6 +200,10 @@ class ConvertParams(Section):
     resize_shorter: Annotated[int, Field(ge=1, le=65536)] | None = Field(
         description="shorter side resized to this (Lanczos), never upscaled (null: no resize)"
     )
+    max_side: Annotated[int, Field(ge=1, le=65536)] | None = Field(
+        description="longer side bounded: larger images resized down to this (Lanczos, aspect kept) and re-encoded "
+        "at quality, never upscaled (null: no bound); with resize_shorter the tighter bound applies"
+    )
     exif: Literal["keep", "transpose"] = Field(
         description="keep: bytes untouched, orientation recorded in exif_orientation | transpose: pixels rotated"
     )

@@ -38,6 +38,7 @@ class Policy:
     policy: str = "passthrough"  # passthrough | reencode
     quality: int = 90
     resize_shorter: int | None = None
+    max_side: int | None = None  # longer side bounded (e.g. 320: a small training copy); None: no bound
     exif: str = "keep"  # keep | transpose
     max_image_pixels: int = 178956970
     full_decode: bool = False  # also decode images stored byte-for-byte (catches corrupt entropy data)
@@ -84,9 +85,7 @@ def _keep_as_is(data: bytes, policy: Policy) -> Encoded | None:
     if head.width * head.height > policy.max_image_pixels:
         return None  # Pillow's path reports it
     _require_plausible_size(data, head.width, head.height, head.scan)
-    if (policy.exif == "transpose" and head.orientation != 1) or (
-        policy.resize_shorter and min(head.width, head.height) > policy.resize_shorter
-    ):
+    if (policy.exif == "transpose" and head.orientation != 1) or _bound(head.width, head.height, policy):
         return None
     _require_end_marker(data)
     return Encoded(data, head.width, head.height, "JPEG", "none", head.orientation)
@@ -155,8 +154,9 @@ def _needed_steps(im: Image.Image, fmt: str, orientation: int, policy: Policy) -
     later = []
     if policy.exif == "transpose" and orientation != 1:
         later.append("exif_transpose")
-    if policy.resize_shorter and min(im.size) > policy.resize_shorter:  # min() is orientation-independent
-        later.append(f"resize_{policy.resize_shorter}")
+    bound = _bound(*im.size, policy)  # min() and max() are orientation-independent
+    if bound:
+        later.append(bound[1])
     encode = convert or later or policy.policy == "reencode" or im.mode not in PASSTHROUGH_MODES
     if not encode:
         return None
@@ -171,20 +171,30 @@ def _reencode(im: Image.Image, fmt: str, orientation: int, steps: list[str], pol
         im = ImageOps.exif_transpose(im)
     if im.mode != "RGB":
         im = im.convert("RGB")
-    resize = next((s for s in steps if s.startswith("resize_")), None)
-    if resize and policy.resize_shorter:  # the step exists only with a resize_shorter (_needed_steps)
-        im = _resize_shorter(im, policy.resize_shorter)
+    bound = _bound(*im.size, policy)  # the step _needed_steps named (same sizes, maybe transposed)
+    if bound:
+        im = _resize(im, bound[0])
     out = io.BytesIO()
     im.save(out, format="JPEG", quality=policy.quality, icc_profile=icc, optimize=False, progressive=False)
     done = [*steps, f"reencode_q{policy.quality}"]
     return Encoded(out.getvalue(), im.width, im.height, fmt, "+".join(done), orientation)
 
 
-def _resize_shorter(im: Image.Image, target: int) -> Image.Image:
-    """Shorter side to `target` (Lanczos, with Pillow's reducing_gap pre-reduction for speed); never upscales."""
+def _bound(width: int, height: int, policy: Policy) -> tuple[float, str] | None:
+    """(scale < 1, step) of the one resize an image of this size takes, or None when it fits every bound: the
+    tighter of `resize_shorter` (shorter side to it: `resize_<n>`) and `max_side` (longer side to it: `max_side_<n>`),
+    so the result meets both; on a tie `resize_<n>` names it. Both bounds only ever shrink."""
+    bounds = []
+    if policy.resize_shorter and min(width, height) > policy.resize_shorter:
+        bounds.append((policy.resize_shorter / min(width, height), f"resize_{policy.resize_shorter}"))
+    if policy.max_side and max(width, height) > policy.max_side:
+        bounds.append((policy.max_side / max(width, height), f"max_side_{policy.max_side}"))
+    return min(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
+def _resize(im: Image.Image, scale: float) -> Image.Image:
+    """Both sides times `scale` (< 1; Lanczos, with Pillow's reducing_gap pre-reduction for speed): the bounded
+    side lands on its bound exactly, the other within half a pixel of the aspect ratio."""
     w, h = im.size
-    scale = target / min(w, h)
-    if scale >= 1:
-        return im
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     return im.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)

@@ -52,12 +52,16 @@ class Job:
         return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".rows.parquet")
 
     def output_params(self) -> dict[str, Any]:
-        """Every param that changes the bytes written (stored in each shard's metadata); never the worker count."""
+        """Every param that changes the bytes written (stored in each shard's metadata and in every shard's resume
+        key); never the worker count. `max_side` only when set: absent means no bound, so the shards of a convert
+        without it keep their keys and bytes."""
         p = self.policy
+        bounded = {"max_side": p.max_side} if p.max_side is not None else {}
         return {
             "policy": p.policy,
             "quality": p.quality,
             "resize_shorter": p.resize_shorter,
+            **bounded,
             "exif": p.exif,
             "max_image_pixels": p.max_image_pixels,
             "full_decode": p.full_decode,
@@ -75,6 +79,7 @@ def job_from_params(params: ConvertParams, paths: Mapping[str, Path], root: str 
         policy=params.policy,
         quality=params.quality,
         resize_shorter=params.resize_shorter,
+        max_side=params.max_side,
         exif=params.exif,
         max_image_pixels=params.max_image_pixels,
         full_decode=params.full_decode,

@@ -40,12 +40,14 @@ PARAMS_FIELDS = {
     "resize_shorter": ("convert", "resize_shorter"),
     "exclude": ("curate", "exclude"),  # curation files: under curation/ (tasks/common/param_rules.py), as params.yaml
     "relabel": ("curate", "relabel"),
+    "max_side": ("convert", "max_side"),
 }
 if TYPE_CHECKING:  # what the models say, spelled out for type checkers
     PolicyField = str
     QualityField = int
     ResizeField = int | None
     CurationField = str | None
+    MaxSideField = int | None
     FractionField = float
     SeedField = int
 else:
@@ -53,6 +55,7 @@ else:
     QualityField = _like(*PARAMS_FIELDS["quality"])
     ResizeField = _like(*PARAMS_FIELDS["resize_shorter"])
     CurationField = _like(*PARAMS_FIELDS["exclude"])  # relabel: the same type
+    MaxSideField = _like(*PARAMS_FIELDS["max_side"])
     FractionField = _like("extract.holdout", "fraction")  # the holdout's keys: extract.holdout: {fraction, seed}
     SeedField = _like("extract.holdout", "seed")
 
@@ -175,7 +178,8 @@ class RunParams(BaseModel):
         title="Encoding policy",
         description=(
             "passthrough: store each JPEG's bytes as found (non-JPEG/CMYK images, and images larger than "
-            "`resize_shorter`, are still converted). reencode: decode and re-encode every image as JPEG at `quality`."
+            "`resize_shorter` or `max_side`, are still converted). reencode: decode and re-encode every image as "
+            "JPEG at `quality`."
         ),
     )
     quality: QualityField = Field(90, title="JPEG quality", description="When an image is (re-)encoded.")
@@ -198,6 +202,15 @@ class RunParams(BaseModel):
         title="Relabel table",
         description="A CSV split,wnid,name,new_wnid,reason of images to move to another class, under curation/ in the "
         "project. Cleared (null): none.",
+    )
+    max_side: MaxSideField = Field(
+        None,
+        title="Bound the longer side",
+        description=(
+            "Resize images whose longer side is larger to this many pixels, aspect kept (re-encoded at `quality`; "
+            "never upscaled): a small training copy, e.g. 320 or 500. With `resize_shorter` the tighter bound "
+            "applies. Empty: no bound."
+        ),
     )
     push: bool = Field(
         False,

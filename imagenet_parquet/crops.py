@@ -30,7 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-from .decode import Encoded
+from . import turbo
+from .decode import Encoded, have_simplejpeg
 
 HAVE_TORCH: bool
 try:  # torch is optional: with it, boxes come from torch's generator and the resize is torch's uint8 kernel
@@ -43,7 +44,7 @@ except ImportError:  # pragma: no cover - exercised by the no-torch test in a su
 
 Box = tuple[int, int, int, int]  # (top, left, height, width), as torchvision's get_params returns it
 DCT_DENOMINATORS = (8, 4, 2, 1)
-DECODERS = ("auto", "pillow")  # auto: simplejpeg when installed, else Pillow
+DECODERS = ("auto", "turbojpeg", "simplejpeg", "pillow")  # auto: the first of these three that is there
 
 
 class Draws(Protocol):
@@ -149,8 +150,9 @@ def crop_resized(
     """The `box` (top, left, h, w in original pixels) of `image`, decoded at the smallest DCT scale that keeps it
     at least `out` pixels a side, resized to (out, out): uint8 (3, out, out) tensor with torch, else (out, out, 3)."""
     denominator = dct_denominator(box[2], box[3], out, out) if image.jpeg else 1
-    pixels = image.decode(denominator, max_pixels)
-    top, left, h, w = (v / denominator for v in box)  # libjpeg-turbo's scaled pixel k covers [k*d, (k+1)*d)
+    pixels, y0, x0 = image.decode(denominator, max_pixels, box)
+    top, left, h, w = box[0] / denominator - y0, box[1] / denominator - x0, box[2] / denominator, box[3] / denominator
+    # (libjpeg-turbo's scaled pixel k covers original pixels [k*d, (k+1)*d))
     if all(float(v).is_integer() for v in (top, left, h, w)) and HAVE_TORCH:
         y, x = int(top), int(left)
         return _resize_torch(pixels[y : y + int(h), x : x + int(w)], out)
@@ -174,6 +176,17 @@ def _flipped(image: Any) -> Any:
 
 
 def _check(size: int, pairs: dict[str, tuple[float, float]], flip: float, decoder: str) -> None:
+    missing = {"turbojpeg": not turbo.available(), "simplejpeg": not have_simplejpeg()}
+    if missing.get(decoder):
+        raise ValueError(
+            f"decoder={decoder!r}: expected it installed, found none ("
+            + (
+                "a libturbojpeg 3.x: install libjpeg-turbo >= 3.0 or set " + turbo.ENV + " to its path)"
+                if decoder == "turbojpeg"
+                else "pip install 'imagenet-parquet[fast]')"
+            )
+            + '; or decoder="auto"'
+        )
     bad = {k: v for k, v in pairs.items() if not 0 < v[0] <= v[1]}
     if size < 1 or bad or not 0 <= flip <= 1 or decoder not in DECODERS:
         raise ValueError(
@@ -197,7 +210,7 @@ class TrainCrop:
     """RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(flip) of JPEG bytes, decoding only the scale
     the crop needs. `generator`: a torch.Generator (None: torch's global one, as torchvision; DataLoader seeds it in
     each worker), or a numpy Generator. `max_pixels`: decode_image's decompression-bomb bound. `decoder`: "auto"
-    (simplejpeg when installed, else Pillow) or "pillow"."""
+    (the first there of "turbojpeg", "simplejpeg", "pillow"), or one of those."""
 
     size: int = 224
     scale: tuple[float, float] = (0.08, 1.0)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from . import turbo
 
 try:  # libjpeg-turbo bundled in a wheel (`pip install 'imagenet-parquet[fast]'`): faster than Pillow's decode path
     import simplejpeg
@@ -65,45 +66,63 @@ def _draft_box(size: tuple[int, int], target: Size) -> tuple[int, int]:
     return max(1, width * target // shorter), max(1, height * target // shorter)
 
 
+def have_simplejpeg() -> bool:
+    return simplejpeg is not None
+
+
 @dataclass
 class Encoded:
-    """Image bytes with their size read from the header (nothing decoded yet)."""
+    """Image bytes with their size read from the header (nothing decoded yet), and the decoder that read it."""
 
     data: bytes
     width: int
     height: int
     jpeg: bool
     opened: Image.Image | None = None  # Pillow's parse, when Pillow read the header
-    backend: Any = None  # the simplejpeg module, or None for Pillow
+    backend: str = "pillow"  # turbojpeg (region decode) | simplejpeg | pillow
 
     @classmethod
-    def parse(cls, data: bytes, backend: Any = "auto") -> Encoded:
-        """The header of `data`: simplejpeg's for a JPEG it reads (when installed, unless backend="pillow"), else
-        Pillow's (any format Pillow opens; its errors are Pillow's, as decode_image's)."""
-        turbo = simplejpeg if backend == "auto" else None
-        if turbo is not None:
+    def parse(cls, data: bytes, decoder: str = "auto") -> Encoded:
+        """The header of `data`, read by the first of TurboJPEG 3 (turbo.py, when found), simplejpeg (when
+        installed) and Pillow that reads it (`decoder` "auto"), or by the one named; a JPEG the faster decoders
+        refuse (CMYK, damage they call fatal) is left to Pillow, whose errors are decode_image's."""
+        if decoder in ("auto", "turbojpeg") and turbo.available():
             try:
-                height, width, _, _ = turbo.decode_jpeg_header(data)
-                return cls(data, int(width), int(height), True, None, turbo)
-            except ValueError:  # not a JPEG libjpeg-turbo reads: Pillow's turn
+                width, height, _ = turbo.header(data)
+                return cls(data, width, height, True, None, "turbojpeg")
+            except turbo.TurboError:
+                pass
+        if decoder in ("auto", "simplejpeg") and simplejpeg is not None:
+            try:
+                height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+                return cls(data, int(width), int(height), True, None, "simplejpeg")
+            except ValueError:
                 pass
         img = Image.open(io.BytesIO(data))
         return cls(data, img.size[0], img.size[1], img.format == "JPEG", img)
 
-    def decode(self, denominator: int = 1, max_pixels: int | None = None) -> np.ndarray:
-        """RGB uint8 (ceil(height / d), ceil(width / d), 3): a JPEG decoded at 1/`denominator` scale in the DCT
-        domain (1, 2, 4 or 8; other formats only at 1). `max_pixels` as in decode_image."""
+    def decode(
+        self, denominator: int = 1, max_pixels: int | None = None, box: tuple[float, float, float, float] | None = None
+    ) -> tuple[np.ndarray, int, int]:
+        """RGB uint8 pixels at 1/`denominator` scale (1, 2, 4 or 8 for a JPEG, else 1): the whole image, or with
+        TurboJPEG only `box` (top, left, h, w in original pixels) widened to whole scaled pixels; with the scaled
+        (y, x) of the pixels' corner. `max_pixels` bounds the scaled image's pixels, as in decode_image."""
         limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
-        _check_pixels((-(-self.width // denominator), -(-self.height // denominator)), limit)
-        if self.backend is not None:
-            rows, cols = -(-self.height // denominator), -(-self.width // denominator)
+        rows, cols = -(-self.height // denominator), -(-self.width // denominator)
+        _check_pixels((cols, rows), limit)
+        if self.backend == "turbojpeg":
             try:
-                pixels: np.ndarray = self.backend.decode_jpeg(self.data, "RGB", min_height=rows, min_width=cols)
+                return turbo.decode_region(self.data, denominator, box or (0, 0, self.height, self.width))
+            except turbo.TurboError:  # refused after its header passed: Pillow decides
+                pass
+        if self.backend == "simplejpeg":
+            try:
+                pixels: np.ndarray = simplejpeg.decode_jpeg(self.data, "RGB", min_height=rows, min_width=cols)
                 if pixels.shape[:2] == (rows, cols):
-                    return pixels
-            except ValueError:  # CMYK, or data libjpeg-turbo calls corrupt where Pillow may not: Pillow decides
+                    return pixels, 0, 0
+            except ValueError:  # data libjpeg-turbo calls corrupt where Pillow may not: Pillow decides
                 pass
         img, self.opened = self.opened or Image.open(io.BytesIO(self.data)), None  # a parse serves one decode
         if denominator > 1 and img.format == "JPEG":
             img.draft("RGB", (self.width // denominator, self.height // denominator))
-        return np.asarray(img.convert("RGB") if img.mode != "RGB" else _loaded(img))
+        return np.asarray(img.convert("RGB") if img.mode != "RGB" else _loaded(img)), 0, 0

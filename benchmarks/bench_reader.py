@@ -13,8 +13,9 @@ each file: no root needed, nothing else on the machine is touched). Warm and col
 rounds; the best round counts.
 
 Issue 37 rows (decode only what the crop needs): "TrainCrop" readers (`crop=TrainCrop(224)`: the crop box from
-the header, the JPEG decoded at the largest DCT scale that keeps the box >= 224 px, only the box resized; simplejpeg
-when installed, or "Pillow decoder") and their in-RAM ceiling, beside the folder, the decode ceiling, HF datasets
+the header, the JPEG decoded at the largest DCT scale that keeps the box >= 224 px, only the box resized; the
+default decoder is TurboJPEG 3's region decode when IMAGENET_PARQUET_TURBOJPEG or the system has the library — the
+table's header line says which — else simplejpeg; rows name simplejpeg and Pillow too) and their in-RAM ceiling, beside the folder, the decode ceiling, HF datasets
 and today's path; "eval:" rows compare Resize(256) + CenterCrop(224) on the folder with `crop=EvalCrop(224, 256)`;
 "max-side-320" rows read shards converted with `convert.max_side: 320` (the bounded-side copy), compared with the
 folder of originals. CPU ms/img = 1000 / (images per CPU-second of the main process and its workers).
@@ -58,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from imagenet_parquet import (  # noqa: E402
     EvalCrop, ParquetImageDataset, ParquetIterableDataset, RowGroupSampler, TrainCrop, decode_image,
 )
+from imagenet_parquet.decode import Encoded  # noqa: E402
 from imagenet_parquet.format import decode_image_index  # noqa: E402
 from imagenet_parquet.pieces import Pieces  # noqa: E402
 from imagenet_parquet.shards import row_group_span  # noqa: E402
@@ -350,6 +352,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
         "resized-256: reader iterable": iterable(resized),
         "HF datasets from Parquet": hf,
         "reader iterable + TrainCrop (crop-first decode)": iterable(shards, crop=TrainCrop(224)),
+        "reader iterable + TrainCrop, simplejpeg decoder": iterable(shards, crop=TrainCrop(224, decoder="simplejpeg")),
         "reader iterable + TrainCrop, Pillow decoder": iterable(shards, crop=TrainCrop(224, decoder="pillow")),
         "reader map-style + TrainCrop, random": mapped(shards, False, crop=TrainCrop(224)),
         "TrainCrop ceiling (bytes in RAM)": ceiling(shards, crop=TrainCrop(224)),
@@ -465,7 +468,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[tuple[str, int]], Path, Path
     print(f"{args.images} images ({sum(os.path.getsize(p) for p, _ in folder) / 1e6:.0f} MB as files; shards: "
           f"passthrough {mb['passthrough']:.0f} MB, resized-256 {mb['resize256']:.0f} MB, max-side-320 "
           f"{mb['max-side-320']:.0f} MB), {args.workers} workers, "
-          f"batch {args.batch_size}, torch {torch.__version__}, {os.cpu_count()} CPUs", flush=True)
+          f"batch {args.batch_size}, torch {torch.__version__}, {os.cpu_count()} CPUs, TrainCrop's default decoder "
+          f"{Encoded.parse(Path(folder[0][0]).read_bytes()).backend}", flush=True)
     return folder, shards, resized, small, bounded
 
 

@@ -106,7 +106,8 @@ def test_the_snippets_cover_each_dataset_kind():
 
 
 # ---------------------------------------------------------------- python: the training snippet
-SCALED_DOWN = {"range(90)": "range(2)", "num_workers=8": "num_workers=0", "pin_memory=True": "pin_memory=False"}
+SCALED_DOWN = {"range(90)": "range(2)", "num_workers=8": "num_workers=0", "pin_memory=True": "pin_memory=False",
+               "TrainCrop(224)": "TrainCrop(8)"}
 RUNNER = """
 import runpy, sys
 train_tf = lambda image: __import__("numpy").asarray(image.resize((8, 8)))  # the snippet's transform
@@ -129,7 +130,7 @@ def test_the_training_snippet_runs_on_a_tiny_dataset(tmp_path):
     done = subprocess.run([sys.executable, "runner.py", "snippet.py"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "batches of (47, 8, 8, 3)" in done.stdout, done.stdout  # one batch of every image (world size 1)
+    assert "batches of (47, 3, 8, 8)" in done.stdout, done.stdout  # one batch of every image (world size 1)
 
 
 # ---------------------------------------------------------------- docs/params.md and descriptions

@@ -5,7 +5,7 @@
 Replicates ../shared/data/imagenet-samples to `--images` real JPEGs (distinct files: an ImageFolder tree under
 benchmarks/_work/reader/folder), indexes them in a folder-mode manifest (docs/CONTRACTS.md) and converts them
 with the convert stage's own code (`tasks.convert.distribute.run_local`): passthrough shards, and shards with the shorter
-side resized to 256 (`convert.resize_shorter: 256`). Every loader runs one epoch through a torch DataLoader with
+side resized to 256 (`convert.resize_shorter: 256`); no curation, so the readers run with `overlay=False` (labels as converted). Every loader runs one epoch through a torch DataLoader with
 the same workers, batch size and transform (decode -> RandomResizedCrop 224 -> horizontal flip -> uint8 CHW
 tensor, written with PIL + numpy + torch because torchvision is not installed). Warm runs read everything once
 first; cold runs evict every benchmark file from the page cache before each loader (posix_fadvise DONTNEED on
@@ -270,7 +270,7 @@ def remote_run(remote: tuple[Path, str], tf: Callable, read_ahead: int = 2) -> C
         started = time.perf_counter()
         ds = ParquetIterableDataset.from_dvc(checkout, "data/parquet/train", remote=url, transform=tf, seed=1,
                                              cache_dir=cache, cache_gb=5, read_ahead=read_ahead,
-                                             shuffle_buffer=args.shuffle_buffer)
+                                             shuffle_buffer=args.shuffle_buffer, overlay=False)
         opened = time.perf_counter() - started
         rate, per_cpu, seen, first = epoch(ds, args)
         return rate, per_cpu, seen, opened + first
@@ -309,7 +309,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
             remote: tuple[Path, str], bounded: Path) -> dict[str, Callable]:
     def ceiling(root: Path, transform: Callable = tf, crop: Callable | None = None) -> Callable:
         def run(args):
-            ds = ParquetImageDataset(root, "train", decode=False)
+            ds = ParquetImageDataset(root, "train", decode=False, overlay=False)
             blobs = [ds[i][0] for i in range(len(ds))]
             return epoch(InMemoryDataset(blobs, ds.targets.tolist(), transform, crop), args, shuffle=True)
         return run
@@ -317,7 +317,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
     def mapped(root: Path, sampler: bool, batch_hint: bool = True, crop: Callable | None = None) -> Callable:
         def run(args):
             kind = ParquetImageDataset if batch_hint else NoBatchHint
-            ds = kind(root, "train", transform=None if crop else tf, crop=crop)
+            ds = kind(root, "train", transform=None if crop else tf, crop=crop, overlay=False)
             if sampler:
                 return epoch(ds, args, sampler=RowGroupSampler(ds, seed=1, window=4))
             return epoch(ds, args, shuffle=True)
@@ -326,7 +326,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
     def iterable(root: Path, read_ahead: int = 2, crop: Callable | None = None) -> Callable:
         return lambda args: epoch(ParquetIterableDataset(root, "train", transform=None if crop else tf, seed=1,
                                                          read_ahead=read_ahead, shuffle_buffer=args.shuffle_buffer,
-                                                         crop=crop), args)
+                                                         crop=crop, overlay=False), args)
 
     def hf(args):
         from bench_peers import hf_run  # noqa: PLC0415 - the peers benchmark imports this module
@@ -346,7 +346,7 @@ def loaders(folder: list[tuple[str, int]], shards: Path, resized: Path, small: P
         "remote (HTTP loopback): reader iterable": remote_run(remote, tf),
         "remote (HTTP loopback): reader iterable, read_ahead=0": remote_run(remote, tf, read_ahead=0),
         "reader iterable + draft_size=224": lambda args: epoch(
-            ParquetIterableDataset(shards, "train", transform=tf, seed=1, draft_size=224), args),
+            ParquetIterableDataset(shards, "train", transform=tf, seed=1, draft_size=224, overlay=False), args),
         "resized-256: ceiling (bytes in RAM)": ceiling(resized),
         "resized-256: reader map-style, random": mapped(resized, False),
         "resized-256: reader iterable": iterable(resized),

@@ -116,6 +116,19 @@ def test_subsets_curation_and_relabels_by_folder_name(tmp_path):
         curate.read_curation(tmp_path / "bad.csv", None)
 
 
+def test_a_class_list_names_folders_exactly_a_trailing_space_is_another_class(tmp_path):
+    tree = tmp_path / "tree"
+    make_tree(tree, {split: {name: [f"{split}{k}.jpg" for k in range(2)] for name in ("cat", "cat ", "dog")}
+                     for split in ("train", "val")})
+    (tmp_path / "classes.txt").write_text("cat \ndog  # a comment: the spaces before it are the comment's\n")
+    out = tmp_path / "out"
+    run_folder(tree, out, classes=str(tmp_path / "classes.txt"))
+    label_map = json.loads((out / "label_map.json").read_text())
+    assert [c["name"] for c in label_map["classes"]] == ["cat ", "dog"]
+    train = pq.read_table(out / "manifests/train.parquet").to_pylist()
+    assert sorted({r["wnid"] for r in train}) == ["cat ", "dog"]
+
+
 @pytest.mark.parametrize("name, found", [
     ("bad\x01name", "control character"),
     ("line\nbreak", "control character"),

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import boto3
 import pytest
 
 from imagenet_parquet import ParquetImageDataset
@@ -17,7 +16,7 @@ from tests.helpers.dvc_remote import run
 from tests.helpers.images import identify
 from tests.helpers.project import GIT
 from tests.helpers.range_files import serving
-from tests.helpers.servers import free_port
+from tests.helpers.servers import moto_s3_server
 from tests.test_overlay_reader import curated_project, write_curation
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -57,15 +56,7 @@ def test_from_dvc_over_http_at_the_older_revision_gives_its_curation(versions, t
 
 
 def test_from_dvc_from_s3_at_the_older_revision_gives_its_curation(versions, tmp_path, monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    with moto_s3_server() as (endpoint, s3):
         s3.create_bucket(Bucket="curated")
         for path in sorted(versions["remote"].rglob("*")):
             if path.is_file():
@@ -76,8 +67,6 @@ def test_from_dvc_from_s3_at_the_older_revision_gives_its_curation(versions, tmp
         old = _open(versions, "s3://curated/store", tmp_path / "c", versions["old"])
         assert _pairs(old) == versions["first"]
         assert _pairs(_open(versions, "s3://curated/store", tmp_path / "c", "HEAD")) == versions["second"]
-    finally:
-        server.stop()
 
 
 def test_check_on_a_checkout_moved_to_another_revision(versions, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from imagenet_parquet import ParquetImageDataset, load_label_map
 from tests.helpers.project import ALWAYS_CHANGED, GIT, copy_project, up_to_date
-from tests.helpers.servers import free_port
+from tests.helpers.servers import moto_s3_server
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -128,21 +128,10 @@ def test_local_remote_round_trip(pipeline_repo, tmp_path):
 
 @pytest.fixture
 def moto_s3():
-    """moto's S3 server on 127.0.0.1 (a free port) with an empty bucket; yields (endpoint, bucket)."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    """moto's S3 server on 127.0.0.1 (a free port) with an empty bucket; yields (endpoint, client)."""
+    with moto_s3_server() as (endpoint, s3):
         s3.create_bucket(Bucket="training-data")
         yield endpoint, s3
-    finally:
-        server.stop()
 
 
 def test_s3_remote_round_trip_on_moto(pipeline_repo, tmp_path, moto_s3):

@@ -50,7 +50,9 @@ def read_class_list(
     relative path against `root`, the project).
 
     Blank lines and `#` comments (a line starting with `#`, or ` #` after a name) are ignored. With `catalog` (a
-    WordNet-named source) every name must be a wnid of it; without (folder mode) any class name. A bad or repeated
+    WordNet-named source) every name must be a wnid of it (spaces around it ignored); without (folder mode) any
+    class name, compared exactly: `cat ` is another folder than `cat`, as for ImageFolder and the curation files
+    (spaces before a ` #` comment are the comment's). A bad or repeated
     name fails naming the line — before any archive is scanned."""
     if spec is None or str(spec) == "all":
         return None
@@ -62,7 +64,7 @@ def read_class_list(
         )
     names: list[str] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        text = "" if line.lstrip().startswith("#") else line.split(" #", 1)[0].strip()
+        text = _listed_name(line, catalog is not None)
         problem = _list_problem(text, names, catalog) if text else None
         if problem:
             raise PipelineError(
@@ -73,6 +75,15 @@ def read_class_list(
     if not names:
         raise PipelineError(f"{path}: expected at least one class, found none; fix the class list")
     return sorted(names)
+
+
+def _listed_name(line: str, wnids: bool) -> str:
+    """The class a class-list line names ("" for none): before a ` #` comment (the spaces before it dropped); a
+    wnid with the spaces around it dropped; a folder name exactly as written (`cat ` is not `cat`)."""
+    if line.lstrip().startswith("#") or not line.strip():
+        return ""
+    text = line.split(" #", 1)[0].rstrip() if " #" in line else line
+    return text.strip() if wnids else text
 
 
 def _list_problem(text: str, listed: list[str], catalog: Catalog | None) -> str | None:

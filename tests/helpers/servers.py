@@ -85,6 +85,23 @@ def isolate_prefect() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
+
+@contextlib.contextmanager
+def moto_s3_server() -> Iterator[tuple[str, object]]:
+    """moto's S3 server on 127.0.0.1 (a free port); yields (endpoint, a boto3 S3 client with moto's test keys)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        yield endpoint, boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                     aws_access_key_id="testing", aws_secret_access_key="testing")
+    finally:
+        server.stop()
+
 @contextlib.contextmanager
 def prefect_server(log: Path, timeout: float = 90) -> Iterator[str]:
     """A real `prefect server start` on a free 127.0.0.1 port, its UI talking to it, output in `log`; yields the

@@ -152,9 +152,10 @@ def test_make_compact_passes_out_as_one_argument(out):
     """Item 7 note: `make compact OUT='data/with space'` ran `--out data/with space` (two arguments)."""
     if shutil.which("make") is None:
         pytest.skip("no make")
-    dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", "compact", f"OUT={out}"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
-    assert shlex.split(dry[-1])[1:] == ["-m", "tasks.curate.compact", "--out", out], dry
+    # --no-print-directory: under `make test` (MAKELEVEL 1) make adds "Entering directory" lines
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "compact", f"OUT={out}"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    assert len(dry) == 1 and shlex.split(dry[0])[1:] == ["-m", "tasks.curate.compact", "--out", out], dry
 
 
 KILLER = """

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .decode import Size, decode_image
 from .format import HASH_ALGORITHM, class_ids, read_label_map
 from .indexed import IndexedReader, check_image, checked_label
-from .overlay import Overlay, overlay_path, resolve_overlay
+from .overlay import Overlay, resolve_overlay
 from .shards import RowGroupReader, ShardIndex, Source, find_shards, whole_split
 
 if TYPE_CHECKING:
@@ -79,18 +78,12 @@ class ShardedImages:
 
     def _overlay(self, overlay: Any, split: str | None) -> Overlay | None:
         """The curation overlay (overlay.py): found beside the shards (or fetched with a remote version) by default."""
-        rows = np.bincount(self.index.file_of, weights=self.index.rows, minlength=len(self.files)).astype(np.int64)
-        if self.remote is not None:
-            first = self.remote.footer(0).metadata
-            found, footers = self.remote.overlay_file(), self.remote.footer_digests()
-            return resolve_overlay(
-                overlay, self.files, split, rows.tolist(), len(self.label_names), first, found, footers
-            )
-        first, found = pq.read_metadata(self.files[0]).metadata, overlay_path(self.files, split)
-        digests, whole = self.index.footers, self._whole  # the footers the index read; each reader checks on open
-        return resolve_overlay(
-            overlay, self.files, split, rows.tolist(), len(self.label_names), first, found, digests, whole
-        )
+        if self.remote is None:  # checked against the footers the index read; each reader checks again on open
+            return self.index.local_overlay(overlay, split, self._whole)
+        first = self.remote.footer(0).metadata
+        found, footers = self.remote.overlay_file(), self.remote.footer_digests()
+        rows = self.index.rows_per_file()
+        return resolve_overlay(overlay, self.files, split, rows, len(self.label_names), first, found, footers)
 
     @property
     def num_images(self) -> int:

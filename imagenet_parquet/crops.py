@@ -22,6 +22,7 @@ applied (as torchvision's PIL loader). Output: a uint8 tensor (3, size, size) wi
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -64,8 +65,7 @@ class TorchDraws:
         self.generator = generator
 
     def log_ratio(self, ratio: tuple[float, float]) -> tuple[float, float]:
-        logs = torch.log(torch.tensor(ratio))
-        return float(logs[0]), float(logs[1])
+        return _torch_log_ratio((float(ratio[0]), float(ratio[1])))
 
     def uniform(self, low: float, high: float) -> float:
         return float(torch.empty(1).uniform_(low, high, generator=self.generator).item())
@@ -78,6 +78,13 @@ class TorchDraws:
 
     def below(self, p: float) -> bool:
         return bool(torch.rand(1, generator=self.generator).item() < p)
+
+
+@functools.cache
+def _torch_log_ratio(ratio: tuple[float, float]) -> tuple[float, float]:
+    """torch.log(torch.tensor(ratio)) as torchvision computes it (float32), once per ratio, not per image."""
+    logs = torch.log(torch.tensor(ratio))
+    return float(logs[0]), float(logs[1])
 
 
 class NumpyDraws:

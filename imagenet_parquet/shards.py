@@ -24,7 +24,7 @@ from .format import (
     label_map_from_metadata,
     own_label_map,
 )
-from .overlay import footer_digest, tail_at
+from .overlay import Overlay, footer_digest, overlay_path, resolve_overlay, tail_at
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -212,6 +212,20 @@ class ShardIndex:
     def file_rows(self, file: int) -> int:
         """The rows of file `file`, as the index read them."""
         return int(self.rows[self.file_of == file].sum())
+
+    def rows_per_file(self) -> list[int]:
+        """The rows of every file, as the index read them."""
+        counts = np.bincount(self.file_of, weights=self.rows, minlength=len(self.files)).astype(np.int64)
+        return [int(n) for n in counts]
+
+    def local_overlay(self, overlay: Any, split: str | None, whole: bool) -> Overlay | None:
+        """The curation overlay of these local shards (`overlay` as the readers take it: "auto", a path, False),
+        checked against the footers this index read; `whole`: the shards are a whole split (`whole_split`), so
+        every shard the overlay lists must be there. What every local reader and `tables` apply."""
+        files = list(self.files)
+        first = pq.read_metadata(files[0]).metadata
+        classes, found = len(self.label_map["classes"]), overlay_path(files, split)
+        return resolve_overlay(overlay, files, split, self.rows_per_file(), classes, first, found, self.footers, whole)
 
     def open_fd(self, file: int) -> tuple[int, pq.FileMetaData]:
         """An O_RDONLY descriptor of file `file` and its footer, read through that descriptor and checked to be the

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .format import COLUMNS
-from .overlay import Overlay, overlay_path, resolve_overlay
+from .overlay import Overlay
 from .shards import ShardIndex, Source, find_shards, whole_split
 
 # DuckDB: the rows of the shards `{files}` (a list literal) kept by the overlay `{overlay}` (its rows of the shards
@@ -44,15 +43,8 @@ def checked_shards(
 ) -> tuple[ShardIndex, Overlay | None]:
     """The shards' index (footers read once) and their overlay checked against those footers, as the readers
     check them (`overlay` as theirs: "auto", a path, or False for the labels as converted)."""
-    files = find_shards(source, split)
-    index = ShardIndex.build(files)
-    classes = int(index.label_map["num_classes"])
-    first = pq.read_metadata(files[0]).metadata
-    rows = [index.file_rows(i) for i in range(len(files))]
-    found = overlay_path(files, split)
-    return index, resolve_overlay(
-        overlay, files, split, rows, classes, first, found, index.footers, whole_split(source, split)
-    )
+    index = ShardIndex.build(find_shards(source, split))
+    return index, index.local_overlay(overlay, split, whole_split(source, split))
 
 
 def _classes(index: ShardIndex) -> list[dict[str, Any]]:

@@ -1,7 +1,6 @@
 """Shared fixtures: a real Prefect server (started on first request), the sample release, project copies."""
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,13 +8,12 @@ import pytest
 
 from tests.helpers.project import SHARED, copy_project
 from tests.helpers.servers import isolate_prefect, prefect_api_at, prefect_server
-from tests.helpers.turbojpeg import library_path
+from tests.helpers.turbojpeg import use_a_library
 
 isolate_prefect()  # before anything imports prefect: the session's own PREFECT_HOME, quiet, no analytics
 # The readers' default decoder ("auto") takes TurboJPEG 3's region decode when a library is there: the suite runs
 # with it (tests/test_crops.py also runs each decoder by name).
-if "IMAGENET_PARQUET_TURBOJPEG" not in os.environ and (TURBOJPEG := library_path()):
-    os.environ["IMAGENET_PARQUET_TURBOJPEG"] = TURBOJPEG
+use_a_library()
 
 
 @pytest.fixture(scope="session")

@@ -20,22 +20,49 @@ from tasks.common.procs import alive
 def atomic_path(final: str | os.PathLike[str], key: str | None = None) -> Iterator[Path]:
     """Yield a temporary sibling path; rename it onto `final` only if the block succeeds.
 
-    A reader (or DVC) never sees a half-written file or directory under the final name. With `key` (the
-    params.yaml key naming the directory, e.g. `paths.reports`) an OSError — a full disk, a read-only one — is one
-    PipelineError line (`disk_errors`); give it only where the block does nothing but write."""
+    A reader (or DVC) never sees a half-written file or directory under the final name. A directory replaces the
+    previous one whole: that one is moved aside first and removed after, so a kill between the two renames leaves
+    no `final` (never a mix of two versions) and the next atomic_path of it puts the previous one back
+    (`restore_dead_aside`). With `key` (the params.yaml key naming the directory, e.g. `paths.reports`) an
+    OSError — a full disk, a read-only one — is one PipelineError line (`disk_errors`); give it only where the
+    block does nothing but write."""
     final = Path(final)
     with disk_errors(final.parent, final.name, key) if key else contextlib.nullcontext():
         final.parent.mkdir(parents=True, exist_ok=True)
+        restore_dead_aside(final)
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         _remove(tmp)
         remove_dead_temporaries(final.parent, glob.escape(final.name))
         try:
             yield tmp
-            if final.is_dir() and not final.is_symlink():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            _publish(tmp, final)
         finally:
             _remove(tmp)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """`tmp` renamed onto `final`; a previous directory moved aside first (`.<name>.old-<pid>`), removed after."""
+    if not final.is_dir() or final.is_symlink():
+        os.replace(tmp, final)
+        return
+    aside = final.with_name(f".{final.name}.old-{os.getpid()}")
+    _remove(aside)
+    os.replace(final, aside)
+    os.replace(tmp, final)  # killed before this line: no `final`, the previous one aside (restore_dead_aside)
+    _remove(aside)
+
+
+def restore_dead_aside(final: Path) -> None:
+    """After a kill between `_publish`'s renames: a dead run's previous directory put back where it left no
+    `final` (else removed, a newer one being there). A live run's is never touched."""
+    for aside in sorted(final.parent.glob(f".{glob.escape(final.name)}.old-*")):
+        pid = aside.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or (int(pid) != os.getpid() and alive(int(pid))):
+            continue
+        if final.exists() or final.is_symlink():
+            _remove(aside)
+        else:
+            os.replace(aside, final)
 
 
 def remove_dead_temporaries(directory: Path, name: str = "*") -> list[Path]:

@@ -300,11 +300,15 @@ def read_yaml(file: Path, shown: str) -> Any:
             f"{shown}:{line}: expected UTF-8 text, found the bytes {data[err.start : err.end]!r}; save the file as "
             "UTF-8 (or restore it from git: `git checkout params.yaml`)"
         ) from None
-    try:
-        _no_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), shown, "")
-        return yaml.safe_load(text)
+    loader = yaml.SafeLoader(text)
+    try:  # one parse: the node tree checked for repeated keys, then built into Python values
+        node = loader.get_single_node()
+        _no_duplicate_keys(node, shown, "")
+        return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as err:
         raise PipelineError(f"{shown}: expected valid YAML, found: {err}; fix the file") from None
+    finally:
+        loader.dispose()
 
 
 def _no_duplicate_keys(node: yaml.Node | None, shown: str, where: str) -> None:

@@ -97,11 +97,6 @@ def plan_split(job: CompactJob, split: str) -> SplitPlan:
         overlay = load_overlay(path, names, rows, footers, len(label_map["classes"]))
     except FormatError as err:  # OverlayError: made for other shards, altered, damaged — it names the file
         raise PipelineError(f"{err} (compaction needs the overlay made for exactly these shards)") from None
-    except UnicodeDecodeError as err:  # a damaged text field of the overlay (imagenet_parquet/overlay.py)
-        raise PipelineError(
-            f"{path}: expected the curation overlay's text as UTF-8, found byte 0x{err.object[err.start]:02x} "
-            f"({err.reason}): the file is damaged; {TODO}"
-        ) from None
     params = (own_metadata(meta) or {}).get("convert_params") or {}
     row_group_rows = int(params.get("row_group_rows") or pq.read_metadata(files[0][0]).row_group(0).num_rows)
     columns = [(c.get("wnid"), n) for c, n in zip(label_map["classes"], class_names(label_map), strict=True)]
@@ -179,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        job = job_from_params(_project(args.params), args.out)
+        job = job_from_params(load_project(args.params), args.out)  # params.yaml: one line if bad
         report = compact(job)
     except (PipelineError, FormatError) as err:  # FormatError: OverlayError too
         print(f"\nerror: {err}", file=sys.stderr)
@@ -199,17 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{split}: {s['rows']} of {s['rows_in']} rows in {len(s['shards'])} shards -> {job.out / split}")
     print(f"compact: {seconds:.1f} s, {rows / max(seconds, 1e-9):.0f} rows/s")
     return 0
-
-
-def _project(params: str) -> Project:
-    """load_project, with a params.yaml that is not UTF-8 one PipelineError line (not a raw UnicodeDecodeError)."""
-    try:
-        return load_project(params)
-    except UnicodeDecodeError as err:
-        raise PipelineError(
-            f"{params}: expected UTF-8 text, found byte 0x{err.object[err.start]:02x} at offset {err.start} "
-            f"({err.reason}); save the file as UTF-8"
-        ) from None
 
 
 if __name__ == "__main__":

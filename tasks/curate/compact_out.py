@@ -4,23 +4,20 @@ Compaction replaces its output directory whole, so it writes only into a directo
 empty) or one it wrote before (holding MARKER and nothing but what compaction writes). Never a source or an output
 of the pipeline (every `paths:` entry, the source and table files params.yaml names, `curation/`, `.git`, `.dvc`),
 nor inside or above one of them. A set (every split and compaction.json) is written under a temporary sibling and
-published with one rename: a reader sees the previous set or the new one, never the train split of one and the val
-split of the other. A kill between moving the previous set aside and moving the new one in leaves no directory (never
-a mixed one); the next compaction puts the previous set back before anything else (`recover`)."""
+published as one directory (tasks.common.atomic_path): a reader sees the previous set or the new one, never the
+train split of one and the val split of the other. A kill between moving the previous set aside and moving the new
+one in leaves no directory (never a mixed one); the next compaction puts the previous set back first (`recover`)."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.common import SPLITS, PipelineError
-from tasks.common.files import remove_dead_temporaries
+from tasks.common import SPLITS, PipelineError, atomic_path
+from tasks.common.files import remove_dead_temporaries, restore_dead_aside
 from tasks.common.params import Project
-from tasks.common.procs import alive
 
 DEFAULT_OUT = "data/compacted"
 REPORT = "compaction.json"
@@ -104,41 +101,19 @@ def check_owned(target: Path) -> None:
 
 @contextlib.contextmanager
 def new_set(out: Path) -> Iterator[Path]:
-    """A fresh temporary sibling of `out` (holding MARKER) to write a whole set into, published onto `out` when the
-    block succeeds, removed when it fails."""
-    recover(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    """A fresh temporary sibling of `out` (holding MARKER) to write a whole set into, published onto `out` as one
+    directory when the block succeeds (tasks.common.atomic_path: the previous set moved aside, then removed),
+    removed when it fails."""
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
         (tmp / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
         yield tmp
-        publish(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def publish(tmp: Path, out: Path) -> None:
-    """`tmp` renamed onto `out`; a previous set is moved aside first and removed after."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    os.replace(out, old)
-    os.replace(tmp, out)  # killed before this line: no `out`, the previous set in `old` (recover puts it back)
-    shutil.rmtree(old)
 
 
 def recover(out: Path) -> None:
     """After a killed compaction: the previous set put back where the kill left no `out` (else removed), and the
-    dead run's temporary set removed. A live run's are never touched."""
-    for old in sorted(out.parent.glob(f".{glob.escape(out.name)}.old-*")):
-        pid = old.name.rsplit("-", 1)[1]
-        if not pid.isdigit() or (int(pid) != os.getpid() and alive(int(pid))):
-            continue
-        if out.exists():
-            shutil.rmtree(old)
-        else:
-            os.replace(old, out)
+    dead run's temporary set removed (what the next atomic_path of `out` does first). A live run's are never
+    touched."""
+    restore_dead_aside(out)
     if out.parent.is_dir():
         remove_dead_temporaries(out.parent, glob.escape(out.name))

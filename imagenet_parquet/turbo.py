@@ -4,13 +4,14 @@
 their inverse DCT and colour conversion, the rows below are never read, and columns outside it are cut at iMCU
 boundaries — the crop-window decode DALI's CPU path does. No well-kept Python package exposes it (PyTurboJPEG and
 simplejpeg decode whole images; PyTurboJPEG's `crop` is a lossless transform), and the library must be 3.0 or
-newer, which no pip wheel of a maintained package ships; so this module binds the few functions it needs and is
+newer, which no pip wheel of a maintained package ships; so this module binds the eight functions it needs and is
 used only where such a library is found: `IMAGENET_PARQUET_TURBOJPEG` (a path to libturbojpeg.so.0), else the
 system's (`ctypes.util.find_library("turbojpeg")`: conda-forge libjpeg-turbo, Debian 13, Ubuntu 25.04, Fedora 40,
 Homebrew). Without one, `available()` is False and crops.py decodes with simplejpeg or Pillow.
 
 TurboJPEG keeps its own error state (setjmp inside the library), so a corrupt JPEG returns an error code here,
-never a longjmp through Python; warnings (e.g. extraneous bytes) decode as Pillow does and are ignored."""
+never a longjmp through Python. An error or a warning (a truncated file, corrupt data) is TurboError: the caller
+leaves such bytes to Pillow, which decides as decode_image does (an image, or its error)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ ENV = "IMAGENET_PARQUET_TURBOJPEG"
 TJINIT_DECOMPRESS = 1
 TJPARAM_SUBSAMP, TJPARAM_JPEGWIDTH, TJPARAM_JPEGHEIGHT, TJPARAM_COLORSPACE = 4, 5, 6, 8
 TJPF_RGB = 0
-TJERR_FATAL = 1
 MCU_WIDTH = {0: 8, 1: 16, 2: 16, 3: 8, 4: 8, 5: 32, 6: 8}  # tjMCUWidth by TJSAMP: 444, 422, 420, GRAY, 440, 411, 441
 RGB_COLORSPACES = (0, 1, 2)  # TJCS_RGB, TJCS_YCbCr, TJCS_GRAY: libjpeg-turbo converts these to RGB (not CMYK/YCCK)
 
@@ -55,7 +55,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         "tj3SetCroppingRegion": (ctypes.c_int, [handle, _Region]),
         "tj3Decompress8": (ctypes.c_int, [handle, buf, size, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]),
         "tj3GetErrorStr": (ctypes.c_char_p, [handle]),
-        "tj3GetErrorCode": (ctypes.c_int, [handle]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)  # AttributeError: not a TurboJPEG 3 library
@@ -133,7 +132,6 @@ def decode_region(data: bytes, denominator: int, box: tuple[float, float, float,
     ):
         raise TurboError(lib.tj3GetErrorStr(handle).decode(errors="replace"))
     pixels = np.empty((y1 - y0, x1 - x0, 3), dtype=np.uint8)
-    failed = lib.tj3Decompress8(handle, data, len(data), pixels.ctypes.data, 0, TJPF_RGB) != 0
-    if failed and lib.tj3GetErrorCode(handle) == TJERR_FATAL:
-        raise TurboError(lib.tj3GetErrorStr(handle).decode(errors="replace"))
+    if lib.tj3Decompress8(handle, data, len(data), pixels.ctypes.data, 0, TJPF_RGB) != 0:
+        raise TurboError(lib.tj3GetErrorStr(handle).decode(errors="replace"))  # a warning too: Pillow decides
     return pixels, y0, x0

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import imagenet_parquet.decode as decode_module
-from imagenet_parquet import EvalCrop, ParquetImageDataset, ParquetIterableDataset, TrainCrop
+from imagenet_parquet import EvalCrop, ParquetImageDataset, ParquetIterableDataset, TrainCrop, decode_image
 from imagenet_parquet.crops import NumpyDraws, TorchDraws, crop_resized, dct_denominator, eval_window, rrc_box
 from imagenet_parquet import turbo
 from imagenet_parquet.decode import Encoded, have_simplejpeg
@@ -224,6 +224,11 @@ def test_turbojpeg_decodes_only_the_region_and_refuses_what_it_cannot_convert():
     assert Encoded.parse(cmyk, "turbojpeg").backend != "turbojpeg"  # left to the next decoder
     with pytest.raises(turbo.TurboError):
         turbo.header(b"\xff\xd8 not a jpeg")
+    truncated = data[: len(data) // 2]  # TurboJPEG decodes it with a warning (the rest grey): Pillow decides
+    with pytest.raises(OSError, match="truncated"):
+        TrainCrop(224, decoder="turbojpeg")(truncated)
+    with pytest.raises(OSError, match="truncated"):
+        decode_image(truncated)
 
 
 def test_decompression_bomb_bound_and_bad_arguments():

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = {"pyarrow", "pillow", "numpy"}  # the reader's whole dependency set
 EXTRAS = {"pipeline", "torch", "dvc", "test", "lint", "fast"}
 # What the wheel is built from (copied, so setuptools' build/ and egg-info never touch the checkout).
-SOURCES = ["pyproject.toml", "imagenet_parquet", "tasks", "flows"]
+SOURCES = ["pyproject.toml", "imagenet_parquet", "tasks", "flows"]  # all there: the wheel must pick the reader
 
 
 def _env() -> dict[str, str]:
@@ -101,6 +101,15 @@ def test_wheel_requires_only_the_reader_stack(wheel: Path) -> None:
         assert "dvc" in extras_of(name), f"{name}: expected in the dvc extra"
     assert extras_of("simplejpeg") == {"fast"}, "simplejpeg: expected in the fast extra only (crops fall back to Pillow)"
     assert meta["Requires-Python"] == _pyproject()["project"]["requires-python"]
+
+
+def test_wheel_installs_only_the_reader_package(wheel: Path) -> None:
+    """A training node's `pip install .` adds `imagenet_parquet` to site-packages and nothing else: no top-level
+    `tasks` or `flows` (the pipeline runs from the checkout) to shadow a training repository's own packages."""
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist()}
+    packages = {t for t in tops if not t.endswith((".dist-info", ".data"))}
+    assert packages == {"imagenet_parquet"}, f"the wheel's top-level entries: expected imagenet_parquet, found {sorted(packages)}"
 
 
 def test_requires_python_is_what_the_code_needs_and_what_ci_runs() -> None:

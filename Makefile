@@ -1,5 +1,6 @@
 # `make run`: the pipeline on the built-in sample (dvc repro). `make test`: the test suite. `make lint`: ruff (lint and
-# format check) and mypy over tasks/, flows/, imagenet_parquet/ (ruff.toml, mypy.ini).
+# format check) and mypy over tasks/, flows/, imagenet_parquet/ (ruff.toml, mypy.ini), then the import rules
+# (lint-imports: pyproject.toml [tool.importlinter]).
 # All create .venv and install the project with the pipeline, test and lint extras on first use (the base install,
 # `pip install .`, is only the reader: pyarrow, pillow, numpy).
 PYTHON ?= python3
@@ -25,7 +26,8 @@ test: $(STAMP)
 
 LINT_PATHS := tasks flows imagenet_parquet
 lint: $(STAMP)
-	$(BIN)/ruff check $(LINT_PATHS) && $(BIN)/ruff format --check $(LINT_PATHS) && $(BIN)/mypy $(LINT_PATHS)
+	$(BIN)/ruff check $(LINT_PATHS) && $(BIN)/ruff format --check $(LINT_PATHS) && $(BIN)/mypy $(LINT_PATHS) \
+		&& $(BIN)/lint-imports --no-cache
 
 docs: $(STAMP)
 	$(BIN)/python -m tasks.common.params_doc

@@ -10,9 +10,9 @@ cache (cache.py) of checked bytes only.
     at their own offsets — so pyarrow (with the footer passed in) and the footer's byte index read it as if it
     were the shard, and disk use is the row group's bytes only. Checked before it is kept: every image's bytes
     (read through the footer's byte index, as map-style reads them) against the row group's `sha256` column —
-    one check per row group fetched (benchmarks/bench_reader.py measures it against decoding), so what the
-    cache holds, and what is read from it, was verified. A reply that fails the check is fetched again (Policy:
-    bounded retries with backoff), then fails naming the URL.
+    one check per row group fetched (`python -m benchmarks.bench_reader --verify-only` measures it against
+    decoding), so what the cache holds, and what is read from it, was verified. A reply that fails the check is
+    fetched again (Policy: bounded retries with backoff), then fails naming the URL.
 Each process fetches only the row groups it reads; one that several processes want at once is fetched once."""
 
 from __future__ import annotations

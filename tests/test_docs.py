@@ -29,7 +29,7 @@ from tests.helpers.docs import README, fenced_blocks, readme_block, readme_param
 from tests.helpers.params import repo_doc
 from tests.helpers.project import REPO
 
-DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]  # not docs/notes/: dated records, not kept current
+DOCS = [README, *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs").glob("*/*.md"))]  # decisions/, results/
 NAMED = re.compile(r"readme_(?:block|params)\(\s*\"([a-z0-9-]+)\"")
 
 
@@ -219,3 +219,23 @@ def test_the_link_checker_catches_a_broken_file_an_anchor_and_a_url(tmp_path):
 def test_no_machine_paths_in_the_docs():
     found = [f"{p.relative_to(REPO)}: {m}" for p in DOCS for m in re.findall(r"/(?:work|tmp|root)/\S*", p.read_text())]
     assert not found, found
+
+
+# ---------------------------------------------------------------- decisions and results
+def test_every_decision_record_has_the_four_sections_and_is_indexed():
+    index = (REPO / "docs" / "decisions" / "README.md").read_text(encoding="utf-8")
+    records = sorted((REPO / "docs" / "decisions").glob("[0-9][0-9][0-9][0-9]-*.md"))
+    assert records, "docs/decisions/: no record"
+    for record in records:
+        headings = re.findall(r"^## (\w+)", record.read_text(encoding="utf-8"), flags=re.M)
+        assert headings == ["Context", "Decision", "Consequences", "Evidence"], (record.name, headings)
+        assert f"]({record.name})" in index, f"docs/decisions/README.md does not list {record.name}"
+
+
+def test_every_results_file_is_indexed_and_quoted():
+    index = (REPO / "docs" / "results" / "README.md").read_text(encoding="utf-8")
+    quoting = [p.read_text(encoding="utf-8") for p in DOCS if p.parent.name != "results"]
+    for result in sorted((REPO / "docs" / "results").iterdir()):
+        if result.name != "README.md":
+            assert f"]({result.name})" in index, f"docs/results/README.md does not list {result.name}"
+            assert any(f"results/{result.name}" in text for text in quoting), f"nothing quotes {result.name}"

@@ -1,4 +1,4 @@
-"""Issue 28, item 2: a remote that answers 5xx to everything is reported as what it is — one line naming the URL
+"""A remote that answers 5xx to everything is reported as what it is — one line naming the URL
 (without credentials), the HTTP status and what to do — never as a missing object (FileNotFoundError, "not found"),
 whichever request meets it first: the listing's HEAD, a footer, a row group, the label columns."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ FAST = {"connect_timeout": 2.0, "read_timeout": 5.0, "object_timeout": 20.0, "re
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
-    return build_checkout(tmp_path_factory.mktemp("i28-storm"))
+    return build_checkout(tmp_path_factory.mktemp("storm"))
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Issue 28, item 1: the remote's credentials (Basic, DVC's custom auth header, a URL's user:password@) go only to
+"""The remote's credentials (Basic, DVC's custom auth header, a URL's user:password@) go only to
 the origin (scheme, host, port) they were configured for. A remote that redirects (301/302/307/308) to another
 port, or from 127.0.0.1 to localhost, gets its objects read from there without them; a redirect inside the same
 origin keeps them. Two real servers on 127.0.0.1 (tests/helpers/http_remote.py) record every request's headers."""
@@ -25,7 +25,7 @@ AUTHS = {  # kind: (server's check, .dvc/config lines, .dvc/config.local lines)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
-    return build_checkout(tmp_path_factory.mktemp("i28-auth"))
+    return build_checkout(tmp_path_factory.mktemp("auth"))
 
 
 @pytest.fixture

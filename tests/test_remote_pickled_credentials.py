@@ -1,4 +1,4 @@
-"""Issue 28, item 3: a dataset read from an HTTP remote with credentials pickles without them (not the password, not
+"""A dataset read from an HTTP remote with credentials pickles without them (not the password, not
 its base64 in a Basic header, not a custom header's value; nor in repr), and a copy — a spawned DataLoader worker —
 re-reads them from where they came from: .dvc/config.local, the environment (IMAGENET_PARQUET_HTTP_USER /
 IMAGENET_PARQUET_HTTP_PASSWORD), or, in a forked process, the remote= URL's user:password@. A copy that cannot
@@ -33,7 +33,7 @@ KINDS = {  # kind: (server's check, .dvc/config lines, .dvc/config.local lines, 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
-    return build_checkout(tmp_path_factory.mktemp("i28-pickle"))
+    return build_checkout(tmp_path_factory.mktemp("pickle"))
 
 
 @pytest.fixture

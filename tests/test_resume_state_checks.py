@@ -1,4 +1,4 @@
-"""Issue 28, item 4: `load_state_dict` checks every field of a resume state when it is loaded — one ValueError
+"""`load_state_dict` checks every field of a resume state when it is loaded — one ValueError
 naming the field, the value found and the valid range — for ParquetIterableDataset and RowGroupSampler alike,
 instead of an IndexError, a MemoryError, a numpy error or a bare int() error later; the states that resume today
 (state_dict()'s, and {"epoch": e, "samples_seen": n} built by a training loop) still resume."""
@@ -23,7 +23,7 @@ NAN = math.nan
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("i28-resume")
+    root = tmp_path_factory.mktemp("resume")
     write_shards(root, total=TOTAL, classes=3, shards=3, row_group_rows=4)
     return root / "train"
 

@@ -10,8 +10,9 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from flows.cli import main
-from tasks.acquire import archive21k
+from tasks.acquire import archive21k, download_json, local, obtain, space
 from tasks.acquire import download as dl
+from tasks.acquire.fetch import RetryableError
 from tasks.common.files import remove_dead_temporaries
 from tasks.common.params import load_project
 
@@ -19,23 +20,23 @@ from tasks.common.params import load_project
 def _network_failure(_task: Any, _run: Any, state: Any) -> bool:
     try:
         state.result()
-    except dl.RetryableError:
+    except RetryableError:
         return True
     except Exception:
         return False
     return False
 
 
-check_local_sources = task(name="check-local-sources")(dl.check_local_sources)
+check_local_sources = task(name="check-local-sources")(local.check_local_sources)
 remove_stale_tars = task(name="remove-stale-tars")(archive21k.remove_stale_tars)
 space_needed = task(name="space-needed")(dl.space_needed)
-check_free_space = task(name="check-free-space")(dl.check_free_space)
-fetch_sample = task(name="write-sample")(dl.fetch_sample)
-fetch_archive = task(name="fetch-archive", retries=2, retry_condition_fn=_network_failure)(dl.fetch_archive)
+check_free_space = task(name="check-free-space")(space.check_free_space)
+fetch_sample = task(name="write-sample")(obtain.fetch_sample)
+fetch_archive = task(name="fetch-archive", retries=2, retry_condition_fn=_network_failure)(obtain.fetch_archive)
 fetch_gzipped = task(name="fetch-and-decompress", retries=2, retry_condition_fn=_network_failure)(
     archive21k.fetch_gzipped
 )
-write_download_json = task(name="write-download-json")(dl.write_download_json)
+write_download_json = task(name="write-download-json")(download_json.write_download_json)
 
 
 @flow(name="download", log_prints=True)

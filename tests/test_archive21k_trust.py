@@ -21,7 +21,8 @@ import pytest
 
 from flows.download import download_flow
 from tasks.acquire import archive21k, space
-from tasks.acquire import download as dl
+from tasks.acquire.download import space_needed
+from tasks.acquire.remote import FetchOptions
 from tasks.common import PipelineError
 from tasks.common.archive_pass import hash_and_index
 from tasks.common.tarindex import index_archive
@@ -31,7 +32,7 @@ from tests.helpers.datasets import small_jpeg
 from tests.helpers.params import write_params
 from tests.helpers.project import REPO
 
-FAST = dl.FetchOptions(retries=1, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
+FAST = FetchOptions(retries=1, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 W = [f"n{10_000_000 + 37 * k:08d}" for k in range(4)]
 
 
@@ -196,7 +197,7 @@ def test_a_gzip_bomb_passes_the_space_check_then_stops_at_the_free_space_writing
     (src / "w.tar.gz").write_bytes(gzip.compress(b"\0" * inflated, mtime=0))  # ~1000:1, the .tar.gz tiny
     _free(monkeypatch, space.SPACE_MARGIN + (16 << 20))  # 16 MiB beyond the margin: room for the .tar.gz, not more
     sources, layout = {"w.tar.gz": str(src / "w.tar.gz")}, {"archive": "w.tar.gz", "tar": "w.tar"}
-    space.check_free_space(raw, space.space_needed(sources, raw, FAST, cache, layout, tmp_path))  # fits, it says
+    space.check_free_space(raw, space_needed(sources, raw, FAST, cache, layout, tmp_path))  # fits, it says
     with pytest.raises(PipelineError) as err:
         archive21k.fetch_gzipped("w.tar.gz", str(src / "w.tar.gz"), raw, FAST, cache, tmp_path)
     message = str(err.value)

@@ -10,8 +10,9 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.acquire import download as dl
 from tasks.acquire import md5state
+from tasks.acquire.obtain import fetch_archive
+from tasks.acquire.remote import FetchOptions
 from tasks.common import ARCHIVES, SPLITS, PipelineError
 from tasks.common import archive_pass as ap
 from tasks.common.tarindex import index_nested, index_tar
@@ -19,7 +20,7 @@ from tasks.extract import stage as extract
 from tests.helpers.servers import RangeServer
 from tests.test_extract_safety import ZOO, _build
 
-FAST = dl.FetchOptions(retries=4, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
+FAST = FetchOptions(retries=4, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 INDEX = {"train": index_nested, "val": index_tar}
 
 
@@ -127,7 +128,7 @@ def test_a_download_indexes_the_archive_as_it_arrives_across_resumes(sample_rele
         server.faults[f"/{ARCHIVES['val']}"].append(("drop", 700_000))
         for split in SPLITS:
             name = ARCHIVES[split]
-            record = dl.fetch_archive(name, f"{server.url}/{name}", raw, FAST, cache)
+            record = fetch_archive(name, f"{server.url}/{name}", raw, FAST, cache)
             assert record["md5"] == _md5(raw / name) == _md5(sample_release / name)
             prescan = ap.load_prescan(md5state.prescan_dir(cache), split, raw / name, record["md5"])
             assert prescan is not None, split
@@ -142,7 +143,7 @@ def test_a_stream_that_restarts_or_a_devkit_leaves_no_prescan(sample_release, tm
     raw, cache = tmp_path / "raw", tmp_path / "scratch" / "md5_cache.json"
     with _serve(sample_release, tmp_path / "srv") as server:
         server.faults[f"/{ARCHIVES['val']}"].extend([("drop", 700_000), ("ignore_range",)])  # 200 + the whole file
-        record = dl.fetch_archive(ARCHIVES["val"], f"{server.url}/{ARCHIVES['val']}", raw, FAST, cache)
+        record = fetch_archive(ARCHIVES["val"], f"{server.url}/{ARCHIVES['val']}", raw, FAST, cache)
     assert record["md5"] == _md5(sample_release / ARCHIVES["val"])  # the download itself is right ...
     prescan = md5state.prescan_dir(cache)
     assert ap.load_prescan(prescan, "val", raw / ARCHIVES["val"], record["md5"]) is None  # ... but not indexed

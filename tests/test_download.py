@@ -9,14 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from tasks.acquire import download as dl
 from tasks.acquire import fetch, md5state
+from tasks.acquire.download import archive_sources, space_needed
+from tasks.acquire.download_json import write_download_json
+from tasks.acquire.fetch import RetryableError
+from tasks.acquire.local import check_local_sources
+from tasks.acquire.obtain import fetch_archive
+from tasks.acquire.remote import FetchOptions, redact
+from tasks.acquire.space import check_free_space
 from tasks.acquire.verify import check_archive, expected_md5s, write_verify_json
 from tasks.common import ARCHIVES, PipelineError
 from tests.helpers.params import section
 from tests.helpers.servers import RangeServer, free_port
 
-FAST = dl.FetchOptions(retries=4, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
+FAST = FetchOptions(retries=4, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 NAME = ARCHIVES["val"]
 
 
@@ -39,8 +45,8 @@ def _md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
-def _fetch(server: RangeServer, raw: Path, opts: dl.FetchOptions = FAST, path: str = f"/{NAME}") -> dict:
-    return dl.fetch_archive(NAME, server.url + path, raw, opts, raw.parent / "md5_cache.json")
+def _fetch(server: RangeServer, raw: Path, opts: FetchOptions = FAST, path: str = f"/{NAME}") -> dict:
+    return fetch_archive(NAME, server.url + path, raw, opts, raw.parent / "md5_cache.json")
 
 
 def test_three_drops_resume_with_range_and_identical_bytes(server, payload, tmp_path):
@@ -57,7 +63,7 @@ def test_three_drops_resume_with_range_and_identical_bytes(server, payload, tmp_
 
 def test_server_errors_stall_and_ignored_range_are_retried(server, payload, tmp_path):
     server.faults[f"/{NAME}"].extend([("status", 500), ("stall", 5), ("drop", 5000), ("ignore_range",)])
-    opts = dl.FetchOptions(retries=4, backoff_s=0.01, timeout_s=0.5, chunk_bytes=64 << 10, progress=False)
+    opts = FetchOptions(retries=4, backoff_s=0.01, timeout_s=0.5, chunk_bytes=64 << 10, progress=False)
     record = _fetch(server, tmp_path / "raw", opts)
     assert (tmp_path / "raw" / NAME).read_bytes() == payload.read_bytes() and record["md5"] == _md5(payload)
 
@@ -68,18 +74,18 @@ def test_not_found_fails_at_once_with_a_clear_error(server, tmp_path):
     assert "download.source" in str(err.value)
     assert [m for m, _p, _r in server.requests] == ["HEAD"]  # a 404 (from HEAD, asked for the size) is not retried
     with pytest.raises(PipelineError, match="found nothing"):
-        dl.fetch_archive(NAME, str(tmp_path / "nowhere" / NAME), tmp_path / "raw", FAST, tmp_path / "c.json")
+        fetch_archive(NAME, str(tmp_path / "nowhere" / NAME), tmp_path / "raw", FAST, tmp_path / "c.json")
     with pytest.raises(PipelineError, match=r"nowhere/ILSVRC2012_img_train.tar, .*nowhere/ILSVRC2012_img_val.tar, "
                                             r".*nowhere/ILSVRC2012_devkit_t12.tar.gz, found no such files"):
-        dl.check_local_sources(dl.archive_sources(section("download", source=str(tmp_path / "nowhere"))))
+        check_local_sources(archive_sources(section("download", source=str(tmp_path / "nowhere"))))
     assert list((tmp_path / "raw").iterdir()) == []
 
 
 def test_interrupted_run_keeps_part_and_rerun_completes(server, payload, tmp_path):
     raw = tmp_path / "raw"
     server.faults[f"/{NAME}"].extend([("drop", 250_000), ("status", 503), ("status", 503)])
-    opts = dl.FetchOptions(retries=2, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
-    with pytest.raises(dl.RetryableError, match="re-run `dvc repro` to resume") as err:
+    opts = FetchOptions(retries=2, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
+    with pytest.raises(RetryableError, match="re-run `dvc repro` to resume") as err:
         _fetch(server, raw, opts)
     assert "250000 bytes are kept" in str(err.value)
     assert not (raw / NAME).exists() and (raw / f"{NAME}.part").stat().st_size == 250_000
@@ -145,22 +151,22 @@ def test_write_failures_leave_no_partial_file(server, tmp_path, monkeypatch):
 
 def test_free_space_is_checked_before_writing(server, tmp_path):
     raw = tmp_path / "raw"
-    sources = dl.archive_sources(section("download", source=server.url))
-    assert dl.space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
-    dl.check_free_space(raw, {NAME: 1 << 20})
+    sources = archive_sources(section("download", source=server.url))
+    assert space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
+    check_free_space(raw, {NAME: 1 << 20})
     with pytest.raises(PipelineError, match=r"needs 1000000\.00 GB free .* found \d+\.\d\d GB free.*"
                                             "300 GB free"):
-        dl.check_free_space(raw, {NAME: 10**15})  # an archive larger than any disk here
+        check_free_space(raw, {NAME: 10**15})  # an archive larger than any disk here
     assert list(raw.iterdir()) == []
 
 
 def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeypatch):
     raw, cache = tmp_path / "raw", tmp_path / "c.json"
     src = sample_release / NAME
-    record = dl.fetch_archive(NAME, str(src), raw, FAST, cache)
+    record = fetch_archive(NAME, str(src), raw, FAST, cache)
     assert record["link"] == "hardlink" and os.path.samefile(raw / NAME, src)
     assert record["method"] == "local" and record["md5"] == _md5(src)  # hashed once, in the pass that indexes it
-    assert dl.fetch_archive(NAME, src.as_uri(), raw, FAST, cache)["link"] == "hardlink"
+    assert fetch_archive(NAME, src.as_uri(), raw, FAST, cache)["link"] == "hardlink"
 
     def cross_device(*_args):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
@@ -168,7 +174,7 @@ def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeyp
     (raw / NAME).unlink()  # a link already in place is kept as it is
 
     monkeypatch.setattr(os, "link", cross_device)
-    record = dl.fetch_archive(NAME, str(src), raw, FAST, cache)
+    record = fetch_archive(NAME, str(src), raw, FAST, cache)
     assert record["link"] == "symlink" and (raw / NAME).resolve() == src.resolve()
     assert record["bytes"] == src.stat().st_size and src.stat().st_nlink >= 1
 
@@ -176,17 +182,17 @@ def test_local_sources_are_linked_never_copied(sample_release, tmp_path, monkeyp
 def test_credentials_are_redacted(server, payload, tmp_path, caplog):
     url = server.url.replace("http://", "http://alice:s3cret@") + f"/{NAME}?X-Amz-Signature=topsecret"
     server.faults[f"/{NAME}"].append(("drop", 1000))
-    record = dl.fetch_archive(NAME, url, tmp_path / "raw", FAST, tmp_path / "c.json")
-    dl.write_download_json(tmp_path / "raw", url, {NAME: record})
+    record = fetch_archive(NAME, url, tmp_path / "raw", FAST, tmp_path / "c.json")
+    write_download_json(tmp_path / "raw", url, {NAME: record})
     text = (tmp_path / "raw" / "download.json").read_text() + caplog.text
     assert "s3cret" not in text and "topsecret" not in text and "***@127.0.0.1" in text
     dead = f"http://alice:s3cret@127.0.0.1:{free_port()}/{NAME}?X-Amz-Signature=topsecret"  # nobody listens
-    opts = dl.FetchOptions(retries=1, backoff_s=0.01, timeout_s=1.0, chunk_bytes=1 << 16, progress=False)
-    with pytest.raises(dl.RetryableError) as err:
-        dl.fetch_archive(NAME, dead, tmp_path / "raw2", opts, tmp_path / "c.json")
+    opts = FetchOptions(retries=1, backoff_s=0.01, timeout_s=1.0, chunk_bytes=1 << 16, progress=False)
+    with pytest.raises(RetryableError) as err:
+        fetch_archive(NAME, dead, tmp_path / "raw2", opts, tmp_path / "c.json")
     assert "Connection" in str(err.value) and "s3cret" not in str(err.value) + caplog.text
     assert "topsecret" not in str(err.value) + caplog.text and "retry 1/1" in caplog.text
-    assert dl.redact("s3://bucket/x.tar") == "s3://bucket/x.tar"
+    assert redact("s3://bucket/x.tar") == "s3://bucket/x.tar"
 
 
 def test_s3_through_moto(payload, tmp_path, monkeypatch):
@@ -206,14 +212,14 @@ def test_s3_through_moto(payload, tmp_path, monkeypatch):
         import fsspec
 
         fsspec.filesystem("s3").invalidate_cache()
-        sources = dl.archive_sources(section("download", source="s3://ilsvrc/releases"))
+        sources = archive_sources(section("download", source="s3://ilsvrc/releases"))
         assert sources[NAME] == f"s3://ilsvrc/releases/{NAME}"
         raw = tmp_path / "raw"
-        assert dl.space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
-        record = dl.fetch_archive(NAME, sources[NAME], raw, FAST, tmp_path / "c.json")
+        assert space_needed({NAME: sources[NAME]}, raw, FAST, tmp_path / "c.json") == {NAME: 1 << 20}
+        record = fetch_archive(NAME, sources[NAME], raw, FAST, tmp_path / "c.json")
         assert record == {"source": sources[NAME], "bytes": 1 << 20, "md5": _md5(payload), "method": "fsspec"}
         with pytest.raises(PipelineError, match="found nothing there"):
-            dl.fetch_archive(NAME, "s3://ilsvrc/releases/missing.tar", raw, FAST, tmp_path / "c.json")
+            fetch_archive(NAME, "s3://ilsvrc/releases/missing.tar", raw, FAST, tmp_path / "c.json")
     finally:
         moto.stop()
 

@@ -11,14 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tasks.acquire import download as dl
 from tasks.acquire import verify as vf
+from tasks.acquire.download import plan
+from tasks.acquire.download_json import write_download_json
+from tasks.acquire.obtain import fetch_archive, fetch_sample
+from tasks.acquire.remote import FetchOptions
 from tasks.common import ARCHIVES, PipelineError
 from tasks.common.params import validate_params
 from tests.helpers.params import _overridden, project
 from tests.helpers.servers import RangeServer
 
-FAST = dl.FetchOptions(retries=3, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
+FAST = FetchOptions(retries=3, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
 VAL = ARCHIVES["val"]
 
 
@@ -55,14 +58,14 @@ def test_a_relinked_corrupt_archive_is_moved_aside_again_and_old_corrupt_files_g
     raw, cache = tmp_path / "raw", tmp_path / "md5_cache.json"
     table = vf.read_md5_table(source / "sample_md5.tsv")
     for _run in range(2):  # the second run hard-links the same corrupt inode as the first run's .corrupt
-        dl.fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
+        fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
         result = vf.check_archive(VAL, raw, table[VAL], cache, "sample", progress=False)
         assert result["ok"] is False and f"moved to {raw / VAL}.corrupt" in result["error"]
         assert not (raw / VAL).exists(), "the bad archive must not stay under its real name"
         assert (raw / f"{VAL}.corrupt").is_file()
     (source / VAL).unlink()  # recovery: an intact copy in the source directory
     (source / VAL).write_bytes(good)
-    dl.fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
+    fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
     assert vf.check_archive(VAL, raw, table[VAL], cache, "sample", progress=False)["ok"] is True
     assert not (raw / f"{VAL}.corrupt").exists(), "the old .corrupt is removed once the archive matches"
 
@@ -101,7 +104,7 @@ def test_a_cut_body_without_content_length_is_retried_against_heads_size(tmp_pat
     (tmp_path / "srv" / VAL).write_bytes(payload)
     with RangeServer(tmp_path / "srv") as server, caplog.at_level(logging.WARNING):
         server.faults[f"/{VAL}"].extend([("cut", 300_000), ("cut", 200_000)])
-        record = dl.fetch_archive(VAL, f"{server.url}/{VAL}", tmp_path / "raw", FAST, tmp_path / "c.json")
+        record = fetch_archive(VAL, f"{server.url}/{VAL}", tmp_path / "raw", FAST, tmp_path / "c.json")
         ranges = [r for m, _p, r in server.requests if m == "GET"]
     assert (tmp_path / "raw" / VAL).read_bytes() == payload and record["bytes"] == 1 << 20
     assert ranges == [None, "bytes=300000-", "bytes=500000-"]
@@ -113,7 +116,7 @@ def test_each_failed_attempt_is_one_short_line(tmp_path, caplog):
     (tmp_path / "srv" / VAL).write_bytes(os.urandom(1 << 20))
     with RangeServer(tmp_path / "srv") as server, caplog.at_level(logging.WARNING):
         server.faults[f"/{VAL}"].extend([("drop", 100_000), ("drop", 100_000)])
-        dl.fetch_archive(VAL, f"{server.url}/{VAL}", tmp_path / "raw", FAST, tmp_path / "c.json")
+        fetch_archive(VAL, f"{server.url}/{VAL}", tmp_path / "raw", FAST, tmp_path / "c.json")
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.acquire.fetch"]
     assert len(lines) == 2 and all("\n" not in line and len(line) < 160 for line in lines), lines
     assert lines[0].startswith(f"{VAL}: ") and "at byte 100,000; retry 1/3 in 0.0 s" in lines[0]
@@ -127,13 +130,13 @@ def test_folder_mode_builds_no_sample_and_records_the_trees_stat(tmp_path):
         (tree / split / "n01440764").mkdir(parents=True)
         (tree / split / "n01440764" / "a.JPEG").write_bytes(b"x" * 10)
     proj = project(tmp_path, extract={"mode": "folder", "folder": str(tree)})
-    job = dl.plan(proj)
+    job = plan(proj)
     assert job.sources == {} and not job.uses_sample and job.fetched() == {}
-    dl.write_download_json(job.raw_dir, job.source, {}, job.folder)
+    write_download_json(job.raw_dir, job.source, {}, job.folder)
     raw = job.raw_dir
     assert sorted(p.name for p in raw.iterdir()) == ["download.json"], "no sample archive in folder mode"
     first = (raw / "download.json").read_bytes()
-    dl.write_download_json(job.raw_dir, job.source, {}, job.folder)
+    write_download_json(job.raw_dir, job.source, {}, job.folder)
     assert (raw / "download.json").read_bytes() == first, "an unchanged tree leaves download.json byte-identical"
     table, expected = vf.expected_md5s("auto", raw)
     assert expected == {}
@@ -142,29 +145,29 @@ def test_folder_mode_builds_no_sample_and_records_the_trees_stat(tmp_path):
     image = tree / "val" / "n01440764" / "a.JPEG"
     image.unlink()
     image.write_bytes(b"y" * 10)  # replaced: same size, new inode
-    dl.write_download_json(job.raw_dir, job.source, {}, job.folder)
+    write_download_json(job.raw_dir, job.source, {}, job.folder)
     assert (raw / "download.json").read_bytes() != first
 
 
 def test_a_replaced_local_source_is_relinked_and_an_unchanged_one_untouched(sample_release, tmp_path):
     source = _sample_copy(sample_release, tmp_path / "source")
     raw, cache = tmp_path / "raw", tmp_path / "c.json"
-    first = dl.fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
+    first = fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
     linked = (raw / VAL).stat()
-    assert dl.fetch_archive(VAL, str(source / VAL), raw, FAST, cache) == first
+    assert fetch_archive(VAL, str(source / VAL), raw, FAST, cache) == first
     assert (raw / VAL).stat().st_ino == linked.st_ino and (raw / VAL).stat().st_ctime_ns == linked.st_ctime_ns
     (source / VAL).unlink()
     shutil.copy2(sample_release / ARCHIVES["train"], source / VAL)  # rm + cp of another file
-    second = dl.fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
+    second = fetch_archive(VAL, str(source / VAL), raw, FAST, cache)
     assert os.path.samefile(raw / VAL, source / VAL) and second["md5"] != first["md5"]
     os.utime(source / VAL, ns=(1, 1))  # touched, same bytes: hashed again (no longer provably those bytes) ...
-    assert dl.fetch_archive(VAL, str(source / VAL), raw, FAST, cache) == second  # ... and the record is the same
+    assert fetch_archive(VAL, str(source / VAL), raw, FAST, cache) == second  # ... and the record is the same
 
 
 def test_an_intact_sample_is_not_rewritten(tmp_path):
     proj = project(tmp_path)
-    job = dl.plan(proj)
-    first = dl.fetch_sample(job.raw_dir, job.sample, job.cache_file)
+    job = plan(proj)
+    first = fetch_sample(job.raw_dir, job.sample, job.cache_file)
     inodes = {name: (job.raw_dir / name).stat().st_mtime_ns for name in ARCHIVES.values()}
-    assert dl.fetch_sample(job.raw_dir, job.sample, job.cache_file) == first
+    assert fetch_sample(job.raw_dir, job.sample, job.cache_file) == first
     assert {name: (job.raw_dir / name).stat().st_mtime_ns for name in ARCHIVES.values()} == inodes

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.acquire import download as dl
+from tasks.acquire.obtain import fetch_archive
+from tasks.acquire.remote import FetchOptions
 from tasks.common import ARCHIVES, PipelineError
 from tasks.common.params import validate_params
 from tests.helpers.params import _overridden
@@ -39,8 +40,8 @@ def test_a_signed_url_in_params_is_refused_with_its_values_redacted(key, url):
 def test_a_404_advises_netrc_never_a_password_in_the_url(tmp_path):
     (tmp_path / "srv").mkdir()
     with RangeServer(tmp_path / "srv") as server, pytest.raises(PipelineError) as err:
-        opts = dl.FetchOptions(retries=0, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
-        dl.fetch_archive(VAL, f"{server.url}/missing.tar", tmp_path / "raw", opts, tmp_path / "md5_cache.json")
+        opts = FetchOptions(retries=0, backoff_s=0.01, timeout_s=2.0, chunk_bytes=64 << 10, progress=False)
+        fetch_archive(VAL, f"{server.url}/missing.tar", tmp_path / "raw", opts, tmp_path / "md5_cache.json")
     message = str(err.value)
     assert "found HTTP 404" in message and "~/.netrc" in message
     assert "user:password in the URL" not in message and "refuses them in the URL" in message

@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from tasks.acquire import download as dl
+from tasks.acquire.local import check_local_sources
 from tasks.acquire.verify import expected_md5s
 from tasks.common import PipelineError
 from tasks.common.params import STAGE_SECTIONS, dvc_params, load_project, validate_params
@@ -90,7 +91,7 @@ def test_paths_resolve_against_the_params_file_whatever_the_working_directory(tm
     job = dl.plan(setup)
     assert job.raw_dir == root / "data" / "raw" and job.cache_file.parent == root / "data" / "scratch"
     with pytest.raises(PipelineError, match=str(root / "archives" / dl.ARCHIVES["train"])):
-        dl.check_local_sources(dl.archive_sources(setup.params.download), job.root)  # (folder mode needs none)
+        check_local_sources(dl.archive_sources(setup.params.download), job.root)  # (folder mode needs none)
     assert expected_md5s("md5.tsv", root / "data" / "raw", setup.root)[0] == "md5.tsv"
     scan = extract.job_from_params(setup)  # reads the class list (relative to the project) at once
     assert scan.inputs == {"train": root / "tree", "val": root / "tree"} and scan.staging.is_relative_to(root)

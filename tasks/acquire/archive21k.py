@@ -1,12 +1,13 @@
 """ImageNet-21k's layout (params.yaml `extract.mode: archive21k`): ONE archive of per-class `<wnid>.tar` tars.
 
 `download.archive` names it: a file name under `download.source`, or a path or URL of its own. A plain `.tar` is
-linked (or downloaded) into paths.raw like the ILSVRC2012 archives and hashed in the pass that indexes its nested
-tars (tasks.common.archive_pass, as the ILSVRC2012 train archive). A `.tar.gz` / `.tgz` cannot be read at byte
-offsets, and convert reads every image by offset: the download stage decompresses it ONCE into
-`<paths.raw>/<stem>.tar` (streamed in bounded blocks, written under a temporary name then renamed; about as large
-as the .tar.gz, JPEGs do not compress), and every later stage reads that .tar. download.json then records both
-files (the .tar with method `gunzip`) and an `archive21k` entry naming them, which verify and extract follow.
+linked (or downloaded) into paths.raw like the ILSVRC2012 archives, by the same acquire core (tasks.acquire.obtain,
+which never imports this module), and hashed in the pass that indexes its nested tars (tasks.common.archive_pass, as
+the ILSVRC2012 train archive). A `.tar.gz` / `.tgz` cannot be read at byte offsets, and convert reads every image by
+offset: the download stage decompresses it ONCE into `<paths.raw>/<stem>.tar` (streamed in bounded blocks, written
+under a temporary name then renamed; about as large as the .tar.gz, JPEGs do not compress), and every later stage
+reads that .tar. download.json then records both files (the .tar with method `gunzip`) and an `archive21k` entry
+naming them, which verify and extract follow.
 
 Verify compares the archive as published with `verify.checksums` when it is a table; with `auto` there is no table
 to compare with: the MD5 is computed, recorded, and verify says plainly that nothing was compared. The decompressed
@@ -22,9 +23,11 @@ import zlib
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.acquire.fetch import FetchOptions, kind, redact, remote_size
-from tasks.acquire.local import local_path
+from tasks.acquire.local import link_local, local_path
 from tasks.acquire.md5state import cached_md5, forget_md5, remember_md5
+from tasks.acquire.obtain import fetch_archive
+from tasks.acquire.remote import FetchOptions, kind, redact, remote_size
+from tasks.acquire.space import SPACE_MARGIN
 from tasks.common import PipelineError, atomic_path
 from tasks.common.archive21k import LAYOUT_KEY, published_name, tar_name
 from tasks.common.files import remove_dead_temporaries
@@ -76,15 +79,11 @@ def gunzip(gz: Path, tar: Path, chunk: int = 8 << 20, progress: bool = True) -> 
 
 
 def _room(directory: Path) -> int:
-    from tasks.acquire.space import SPACE_MARGIN  # (space imports this module)
-
     directory.mkdir(parents=True, exist_ok=True)
     return max(0, shutil.disk_usage(directory).free - SPACE_MARGIN)
 
 
 def _bomb(gz: Path, tar: Path, room: int) -> PipelineError:
-    from tasks.acquire.space import SPACE_MARGIN
-
     return PipelineError(
         f"{gz}: expected it to decompress into at most the {room:,} bytes free on {tar.parent} (less the "
         f"{SPACE_MARGIN >> 20} MiB margin; a .tar.gz of JPEGs inflates to about its own size, {gz.stat().st_size:,} "
@@ -178,15 +177,13 @@ def fetch_gzipped(
 ) -> dict[str, dict[str, Any]]:
     """Bring a .tar.gz to raw_dir (linked, or downloaded), then its .tar (decompressed once): both records. A
     linked one is hashed in the decompression's read (one pass); a downloaded one was hashed on the way in."""
-    from tasks.acquire import download  # linking, downloading (imported here: that module imports this one)
-
     gz = raw_dir / name
     if kind(source) == "local":
-        link = download.link_local(source, gz, root)
+        link = link_local(source, gz, root)
         tar, md5 = decompressed(gz, cache_file, opts.chunk_bytes, opts.progress)
         record = {"source": source, "bytes": gz.stat().st_size, "md5": md5, "method": "local", "link": link}
         return {name: record, tar_name(name): tar}
-    record = download.fetch_archive(name, source, raw_dir, opts, cache_file, root)
+    record = fetch_archive(name, source, raw_dir, opts, cache_file, root)
     tar, md5 = decompressed(gz, cache_file, opts.chunk_bytes, opts.progress)
     if md5 != record["md5"]:
         raise PipelineError(

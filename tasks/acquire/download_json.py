@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tasks.acquire.fetch import redact
+from tasks.acquire.remote import redact
 from tasks.acquire.sample import MD5_TABLE
 from tasks.common import PipelineError, write_json
 from tasks.common.archive21k import LAYOUT_KEY

@@ -40,17 +40,6 @@ from tasks.acquire.remote import (
 from tasks.common import PipelineError
 from tasks.common.archive_pass import StreamIndex
 
-__all__ = [
-    "FetchOptions",
-    "RetryableError",
-    "kind",
-    "part_path",
-    "redact",
-    "remote_size",
-    "resumable_download",
-    "scrub",
-]
-
 log = logging.getLogger(__name__)
 
 

@@ -109,7 +109,7 @@ def _fsspec_errors(url: str) -> Iterator[None]:
 
 
 def _fsspec_size(url: str) -> int:
-    import fsspec
+    import fsspec  # (only for an fsspec URL: ~90 ms to import, an http(s) or local source never needs it)
 
     with _fsspec_errors(url):
         fs, path = fsspec.core.url_to_fs(url)
@@ -174,7 +174,7 @@ def http_stream(url: str, offset: int, opts: FetchOptions) -> Stream:
 
 
 def fsspec_stream(url: str, offset: int, opts: FetchOptions) -> Stream:
-    import fsspec
+    import fsspec  # (only for an fsspec URL, as in _fsspec_size)
 
     with _fsspec_errors(url):
         fs, path = fsspec.core.url_to_fs(url)

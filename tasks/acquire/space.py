@@ -1,15 +1,16 @@
 """What the download stage still has to bring, and whether it fits: the bytes still to fetch per network archive
 (an unchanged complete download, or what a `.part` already holds, does not count), checked against the free space
-of paths.raw before anything is written."""
+of paths.raw before anything is written (less SPACE_MARGIN, which archive21k's decompression keeps free too). Part of
+the acquire core: nothing here knows an extract mode (the stage adds a .tar.gz's .tar: tasks.acquire.download)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from tasks.acquire import archive21k
-from tasks.acquire.fetch import FetchOptions, kind, part_path, redact, remote_size
+from tasks.acquire.fetch import part_path
 from tasks.acquire.md5state import cached_md5
+from tasks.acquire.remote import FetchOptions, kind, redact, remote_size
 from tasks.common import PipelineError
 
 GB = 1e9
@@ -43,20 +44,10 @@ def download_origin(source: str) -> str:
     return f"download {redact(source)}"
 
 
-def space_needed(
-    sources: dict[str, str],
-    raw_dir: Path,
-    opts: FetchOptions,
-    cache_file: Path,
-    layout: dict[str, str] | None = None,
-    root: Path = Path("."),
-) -> dict[str, int]:
-    """Bytes still to write per network archive (what is already in `.part` or complete does not count), and, for
-    archive21k's .tar.gz (`layout`), the .tar it is decompressed into (`root`: where local sources resolve)."""
+def bytes_to_fetch(sources: dict[str, str], raw_dir: Path, opts: FetchOptions, cache_file: Path) -> dict[str, int]:
+    """Bytes still to write per network archive (what is already in `.part` or complete does not count)."""
     needed: dict[str, int] = {}
     for name, source in sources.items():
-        if layout is not None and layout["tar"] != layout["archive"]:
-            needed |= archive21k.decompression_space(name, source, raw_dir, opts, cache_file, root)
         if kind(source) in ("sample", "local") or unchanged_download(raw_dir / name, source, cache_file):
             continue
         part = part_path(raw_dir / name)

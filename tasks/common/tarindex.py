@@ -6,15 +6,21 @@ lie at `inner.offset_data + m.offset_data` in the outer file: one `pread` reads 
 are read; tarfile seeks over the data.
 
 Every member is checked before it is used: absolute paths, `..`, links, devices/FIFOs, sparse members and
-sizes that run past the end of the (inner) archive are refused with an error naming the archive and member."""
+sizes that run past the end of the (inner) archive are refused with an error naming the archive and member.
+
+The per-class tars of a nested archive (ILSVRC2012's train archive, ImageNet-21k's one archive) are checked as a
+whole once they are indexed (`ClassTar`, `class_tar_reports`): a class tar without an image is reported (as folder
+mode reports an empty class folder); a class in two or more tars (the same `<wnid>.tar` twice, or in two folders) is
+a reported merge — unless an image name is in two of them: which copy is meant is then unknowable, and keeping one
+silently is not an option."""
 
 from __future__ import annotations
 
 import os
 import re
 import tarfile
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import IO, Literal, TypedDict
@@ -207,13 +213,59 @@ def _scan_bar(path: str | os.PathLike[str], size: int, fileobj: IO[bytes] | None
     return Progress(size, f"tar scan {Path(path).name}", enabled=fileobj is None)
 
 
+# ---------------------------------------------------------------- the per-class tars of a nested archive
+@dataclass(frozen=True, slots=True)
+class ClassTar:
+    """One `<wnid>.tar` of the archive: its member name and the slice of the index its images took."""
+
+    wnid: str
+    member: str
+    start: int
+    end: int
+
+
+def class_tar_reports(
+    archive: str, split: str, source: str, tars: list[ClassTar], entries: Sequence[Entry]
+) -> list[dict[str, str]]:
+    """extract_report.json entries for empty class tars and merged duplicates; PipelineError naming the archive
+    when a duplicated class has an image name in two of its tars."""
+    copies: dict[str, list[ClassTar]] = {}
+    for tar in tars:
+        copies.setdefault(tar.wnid, []).append(tar)
+    reported = []
+    for wnid, same in copies.items():
+        images = sum(t.end - t.start for t in same)
+        absent = f"class {wnid} counts as absent from {split}"
+        for tar in (t for t in same if t.end == t.start):
+            action = f"no image of class {wnid} from this copy" if images else absent
+            reported.append(report(split, source, tar.member, "empty class tar (no images)", action))
+        if len(same) > 1:
+            _refuse_shared_names(archive, wnid, same, entries)
+            members = " | ".join(t.member for t in same)
+            why = f"class {wnid} in {len(same)} class tars (a duplicate <wnid>.tar)"
+            merged = f"merged: the {images} images of all {len(same)} kept (no name in two of them)"
+            reported.append(report(split, source, members, why, merged))
+    return reported
+
+
+def _refuse_shared_names(archive: str, wnid: str, same: list[ClassTar], entries: Sequence[Entry]) -> None:
+    counts = Counter(name for t in same for name in {entries[i].name for i in range(t.start, t.end)})
+    shared = sorted(name for name, n in counts.items() if n > 1)
+    if shared:
+        raise PipelineError(
+            f"{archive}: expected each image of class {wnid} once, found {printable(shared[0])} in "
+            f"{counts[shared[0]]} copies of {wnid}.tar ({' | '.join(printable(t.member) for t in same)}; "
+            f"{len(shared)} name(s) in more than one copy, which one is meant is unknowable). Rebuild the archive "
+            "to keep one copy of the class tar (or rename the images so that every copy is kept), then run "
+            "`dvc repro` again"
+        )
+
+
 def index_nested(
     path: str | os.PathLike[str], split: str, source: str, fileobj: IO[bytes] | None = None, size: int | None = None
 ) -> tuple[list[Entry], list[dict[str, str]]]:
     """Index a tar of per-class `<wnid>.tar` tars (the train archive) without extracting anything (`fileobj`,
     `size`: as for index_tar)."""
-    from tasks.common.class_tars import ClassTar, class_tar_reports  # (it imports this module)
-
     entries: list[Entry] = []
     reported: list[dict[str, str]] = []
     class_tars: list[ClassTar] = []

@@ -16,11 +16,11 @@ from tests.helpers.project import REPO
 
 @pytest.mark.slow
 def test_peak_memory_is_flat_in_image_bytes(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_validate.py"), "--rows", "16",
-                           "--json", "--work", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_validate", "--rows", "16", "--json", "--work",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    print(json.dumps(results, indent=1))  # recorded in docs/notes/issue-5-note.md
+    print(json.dumps(results, indent=1))
     runs = {(r["mode"], r["rows"]): r for r in results}
     small, large = sorted({r["rows"] for r in results})
     extra_mb = runs["validate", large]["parquet_mb"] - runs["validate", small]["parquet_mb"]

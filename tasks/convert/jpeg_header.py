@@ -3,7 +3,7 @@
 `read_header(data)` walks the marker segments from SOI to the first SOS and returns the frame size, component
 count and EXIF orientation — what the encoding policy needs to keep an image byte-for-byte — or None whenever
 anything is unusual (then the caller asks Pillow, which knows every corner). Measured: ~10x cheaper than
-`PIL.Image.open` + `getexif()` per image (docs/notes/issue-4-note.md)."""
+`PIL.Image.open` + `getexif()` per image (65-115 µs; measured on the issue that introduced it)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from imagenet_parquet.format import FormatError
 from tasks.common import SPLITS
 from tasks.common.layout import REPORT_MD
 from tasks.common.params import load_project
-from tasks.validate import changes, contact_sheet, near_dup_outputs, report
+from tasks.validate import changes, contact_sheet, near_dup, report
 from tasks.validate import stage as validate
 
 ARTIFACT_KEYS = {"report": "schema-report", "splits": "split-counts", "classes": "class-counts"}
@@ -26,7 +26,7 @@ METRICS_FILE = "validate.json"
 run_checks = task(name="run-checks", cache_policy=NO_CACHE)(validate.run_validation)
 write_sheet = task(name="contact-sheet", cache_policy=NO_CACHE)(contact_sheet.write_contact_sheet)
 write_reports = task(name="write-reports", cache_policy=NO_CACHE)(report.write_reports)
-write_near_dups = task(name="near-duplicates", cache_policy=NO_CACHE)(near_dup_outputs.write_near_duplicate_outputs)
+write_near_dups = task(name="near-duplicates", cache_policy=NO_CACHE)(near_dup.write_near_duplicate_outputs)
 
 
 def publish(result: dict[str, Any]) -> None:

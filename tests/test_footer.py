@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from imagenet_parquet.format import FIELDS, label_map_from_metadata, shard_schema
-from tasks.convert.writer import write_shard
+from tasks.common.shard_writer import write_shard
 from tests.helpers.datasets import contract_row
 from tests.helpers.images import indexed_jpeg
 

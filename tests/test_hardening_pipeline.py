@@ -355,7 +355,7 @@ def _one_clear_line(err, directory, name, key):
 
 
 def test_a_full_reports_or_versions_disk_is_one_line_naming_the_directory(tmp_path, full_disk):
-    from tasks.validate import changes, contact_sheet, near_dup_outputs
+    from tasks.validate import changes, contact_sheet, near_dup
 
     from tests.helpers.datasets import make_dataset
 
@@ -365,7 +365,7 @@ def test_a_full_reports_or_versions_disk_is_one_line_naming_the_directory(tmp_pa
         contact_sheet.write_contact_sheet(ds.parquet_dir, ds.label_map_path, reports / "contact_sheet.png", 2, 20)
     _one_clear_line(err, reports, "contact_sheet.png", "paths.reports")
     with pytest.raises(PipelineError) as err:
-        near_dup_outputs.write_near_duplicate_outputs({}, ds.parquet_dir, reports)
+        near_dup.write_near_duplicate_outputs({}, ds.parquet_dir, reports)
     _one_clear_line(err, reports, "near_duplicates.png", "paths.reports")
     with pytest.raises(PipelineError) as err:
         changes.record_version(versions, {"label_map": "x", "classes": {}, "shards": {}, "curated": []})
@@ -406,13 +406,13 @@ def test_a_write_error_in_the_reports_names_the_directory(tmp_path, monkeypatch)
 
     from PIL import Image
 
-    from tasks.validate import near_dup_outputs
+    from tasks.validate import near_dup
 
     def full(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(Image.Image, "save", full)
     with pytest.raises(PipelineError) as err:
-        near_dup_outputs.write_near_duplicate_outputs({}, tmp_path / "parquet", tmp_path / "reports")
+        near_dup.write_near_duplicate_outputs({}, tmp_path / "parquet", tmp_path / "reports")
     _one_clear_line(err, tmp_path / "reports", "near_duplicates.png", "paths.reports")
     assert list((tmp_path / "reports").iterdir()) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tasks.common.dvc_state import open_repo, stat_key, state_get, state_put
-from tasks.convert.writer import write_shard
+from tasks.common.shard_writer import write_shard
 from tests.helpers.datasets import write_shards
 
 

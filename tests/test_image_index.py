@@ -14,7 +14,7 @@ from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index, footer_metadata
 from imagenet_parquet.indexed import IndexedReader
 from tasks.common import PipelineError
-from tasks.convert import writer as shard_module
+from tasks.common import shard_writer as shard_module
 from tasks.convert.distribute import run_local
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import make_dataset, make_job, sample_dataset, write_shards

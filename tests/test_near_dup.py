@@ -22,8 +22,8 @@ from tasks.convert.job import job_from_params
 from tasks.curate import lines as curation_lines
 from tasks.curate import stage as curate
 from tasks.extract import stage as extract
-from tasks.validate.near_dup import band_plan, near_duplicate_check, near_pairs, popcount
-from tasks.validate.near_dup_outputs import EXCLUDE_CSV, EXCLUDE_HEADER, NEAR_DUPLICATES_PNG, write_near_duplicate_outputs
+from tasks.validate.near_dup import (EXCLUDE_CSV, EXCLUDE_HEADER, NEAR_DUPLICATES_PNG, band_plan, near_duplicate_check,
+                                     near_pairs, popcount, write_near_duplicate_outputs)
 from tasks.validate.report import render_markdown, write_reports
 from tasks.validate.stage import raise_if_failed, run_validation
 from tests.helpers.datasets import make_dataset

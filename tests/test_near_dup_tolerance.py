@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.validate.near_dup import near_pairs, popcount
-from tasks.validate.near_dup_tolerance import chance_probability, tolerance
+from tasks.validate.near_dup import chance_probability, near_pairs, popcount, tolerance
 from tests.helpers.params import validate_section
 
 DISTANCE = 14  # wide enough that 1,000 x 20,000 uniform prints give ~130 chance pairs

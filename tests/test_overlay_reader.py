@@ -24,7 +24,7 @@ from imagenet_parquet.overlay import (
     overlay_table,
     write_overlay,
 )
-from tasks.convert.writer import ShardWriter
+from tasks.common.shard_writer import ShardWriter
 from tests.helpers.datasets import numbered_label_map, write_shards
 from tests.helpers.dvc_remote import run
 from tests.helpers.images import identify

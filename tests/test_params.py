@@ -190,7 +190,7 @@ def test_a_curation_file_must_be_under_the_curate_stages_dependency_and_the_form
 
 
 def test_dvc_yaml_lists_the_curation_directory_as_a_dependency_of_curate():
-    from tasks.common.param_rules import CURATION_DIR
+    from tasks.common.params import CURATION_DIR
 
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     assert CURATION_DIR in stages["curate"]["deps"]

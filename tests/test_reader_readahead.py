@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset
 from imagenet_parquet.readahead import read_ahead
 from imagenet_parquet.indexed import IndexedReader
-from tasks.convert.writer import ShardWriter
+from tasks.common.shard_writer import ShardWriter
 from tests.helpers.datasets import write_shards
 from tests.helpers.images import identify
 

@@ -7,10 +7,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tasks.common.progress import EVERY_ENV
-from tasks.convert import writer as shard_module
+from tasks.common import shard_writer as shard_module
 from tasks.validate import scan
-from tasks.validate.scan import read_metadata
-from tasks.validate.shard_bytes import ShardScan, scan_shard
+from tasks.validate.scan import ShardScan, read_metadata, scan_shard
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import make_dataset, set_bytes, small_jpeg, write_shards
 from tests.helpers.params import validate_section

@@ -14,7 +14,7 @@ from imagenet_parquet.overlay import OVERLAY_KEY, write_overlay
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import CURATION_REPORT
 from tasks.validate import changes
-from tasks.validate.near_dup_outputs import EXCLUDE_CSV, write_near_duplicate_outputs
+from tasks.validate.near_dup import EXCLUDE_CSV, write_near_duplicate_outputs
 from tasks.validate.report import REPORT_MD, write_reports
 from tasks.validate.stage import raise_if_failed, run_validation
 from tests.helpers.datasets import Dataset, make_dataset, set_bytes

@@ -1,4 +1,4 @@
-"""validate keeps each shard's byte findings (tasks.validate.scan_cache): a rerun over unchanged shards reads no image
+"""validate keeps each shard's byte findings (tasks.validate.scan): a rerun over unchanged shards reads no image
 byte and gives the same report as a full scan; a rewritten shard is scanned again and its new problem reported; a
 damaged cache file is never trusted; a curation-only change scans no shard, its decode sample moving only where
 a sampled row was excluded."""
@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.validate import shard_bytes, stage
+from tasks.validate import scan, stage
 from tasks.validate.report import write_reports
-from tasks.validate.scan_cache import SCAN_DIR, decode_mask
+from tasks.validate.scan import SCAN_DIR, decode_mask
 from tasks.validate.stage import run_validation
 from tests.helpers.datasets import Dataset, make_dataset, set_bytes, small_jpeg
 from tests.helpers.overlays import write_test_overlay
@@ -27,13 +27,13 @@ from tests.helpers.params import validate_section
 def scans(monkeypatch) -> list[str]:
     """The shards scan_shard reads (split/name), in order."""
     seen: list[str] = []
-    original = shard_bytes.scan_shard
+    original = scan.scan_shard
 
-    def counted(job: shard_bytes.ShardScan) -> shard_bytes.ByteFindings:
+    def counted(job: scan.ShardScan) -> scan.ByteFindings:
         seen.append(f"{job.split}/{job.path.name}")
         return original(job)
 
-    monkeypatch.setattr(shard_bytes, "scan_shard", counted)
+    monkeypatch.setattr(scan, "scan_shard", counted)
     return seen
 
 

@@ -1,4 +1,5 @@
-"""What every stage shares: the error type, atomic outputs, the stages' contracts, params, the class catalog.
+"""What every stage shares: the error type, atomic outputs, the stages' contracts, params, the class catalog,
+the shard writer.
 
 Stage packages (`tasks.acquire`, `tasks.extract`, `tasks.convert`, `tasks.curate`, `tasks.validate`, `tasks.deploy`)
 import only this package and the format modules (`imagenet_parquet.format`, `.overlay`), never each other."""

@@ -34,13 +34,13 @@ from tasks.common.layout import BAD_IMAGES
 from tasks.common.manifests import MANIFEST_SCHEMA, dictionary_columns, read_columns
 from tasks.common.params import path_key
 from tasks.common.progress import Progress as _Bar
+from tasks.common.shard_writer import write_shard
 from tasks.convert.fingerprint import stored_fingerprint
 from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
 from tasks.convert.plan import Rows, ShardPlan, finished_stats, ordered, plan_split, remove_stale
 from tasks.convert.sources import Sources
-from tasks.convert.writer import write_shard
 
 MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # what convert reads of a manifest
 

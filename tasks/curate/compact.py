@@ -5,11 +5,10 @@ Per split, the shards of `paths.parquet` and their overlay (`paths.overlay`, che
 refused) become `<out>/<split>/` (default `data/compacted`, git-ignored; inside the project): the same shard names
 and row order, the excluded rows dropped (a shard left empty is dropped), `label`/`wnid`/`label_name` the
 overlay's, metadata `curation: applied` (readers apply no overlay to them) and the footer byte index written anew.
-The rows go through the convert stage's writer (tasks/convert/writer.py: the same settings, deterministic bytes; a
-tool of the curate package, not a DVC stage, so it reuses convert's writer rather than a second one). `<out>` is
-only ever a directory compaction owns (new, or written by it before) and is replaced whole: every split and
-`<out>/compaction.json` (the overlay each split was compacted from) are published as one set
-(tasks/curate/compact_out.py)."""
+The rows go through the convert stage's writer (tasks/common/shard_writer.py: the same settings, deterministic
+bytes; one writer shared by both packages, not a second one). `<out>` is only ever a directory compaction owns (new,
+or written by it before) and is replaced whole: every split and `<out>/compaction.json` (the overlay each split was
+compacted from) are published as one set (tasks/curate/compact_out.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ from imagenet_parquet.format import (
 from imagenet_parquet.overlay import CURATION_APPLIED, Overlay, load_overlay
 from tasks.common import SPLITS, PipelineError, write_json
 from tasks.common.params import Project, load_project
-from tasks.convert.writer import write_shard
+from tasks.common.shard_writer import write_shard
 from tasks.curate.compact_out import DEFAULT_OUT, REPORT, check_out, new_set
 from tasks.curate.stage import read_split
 

@@ -25,8 +25,7 @@ from imagenet_parquet.overlay import footer_digest, footer_tail, overlay_table, 
 from tasks.common import SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.layout import CURATION_REPORT, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
-from tasks.common.param_rules import CURATION_DIR
-from tasks.common.params import Project, path_key
+from tasks.common.params import CURATION_DIR, Project, path_key
 from tasks.curate import lines as curation_lines
 from tasks.curate.lines import Curation, Line
 

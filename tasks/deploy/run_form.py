@@ -6,13 +6,16 @@ one record of what a run used, `dvc params diff` shows it and a later `dvc repro
 
 The fields that map onto a params.yaml key take that key's type and bounds from its model (tasks.common.params),
 so the form accepts exactly what the pipeline accepts; the edited params.yaml is validated whole before it is
-written.
+written. The form's cross-field rules (`Rule`, `RULES`) are checked by the model in the flow run AND written into
+its JSON schema, so the Prefect server refuses a run that breaks one before the run is created.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,7 +27,6 @@ from yaml import safe_load
 
 from tasks.common import PipelineError, write_text
 from tasks.common.params import NESTED, SECTIONS, read_yaml, resolve_path, validate_params
-from tasks.deploy.form_rules import Rule, broken, rules_schema
 
 
 def _like(section: str, key: str) -> Any:
@@ -38,7 +40,7 @@ PARAMS_FIELDS = {
     "policy": ("convert", "policy"),
     "quality": ("convert", "quality"),
     "resize_shorter": ("convert", "resize_shorter"),
-    "exclude": ("curate", "exclude"),  # curation files: under curation/ (tasks/common/param_rules.py), as params.yaml
+    "exclude": ("curate", "exclude"),  # curation files: under curation/ (tasks/common/params.py), as params.yaml
     "relabel": ("curate", "relabel"),
     "max_side": ("convert", "max_side"),
 }
@@ -77,6 +79,44 @@ class ClassSubset(str, Enum):
     file = "file"
 
 
+# ---------------------------------------------------------------- cross-field rules
+@dataclass(frozen=True)
+class Rule:
+    """When field `when` has one of `when_in` (None: is set), field `then` must have one of `then_in` (None: be set)."""
+
+    when: str
+    when_in: tuple[str, ...] | None
+    then: str
+    then_in: tuple[str, ...] | None
+    message: str
+
+
+def holds(value: Any, allowed: tuple[str, ...] | None) -> bool:
+    value = value.value if isinstance(value, Enum) else value
+    return value not in (None, "") if allowed is None else value in allowed
+
+
+def broken(rules: Sequence[Rule], form: Any) -> list[str]:
+    """The messages of the rules `form` (an object with the fields as attributes) breaks."""
+    return [
+        r.message
+        for r in rules
+        if holds(getattr(form, r.when), r.when_in) and not holds(getattr(form, r.then), r.then_in)
+    ]
+
+
+def _schema_condition(field: str, allowed: tuple[str, ...] | None) -> dict[str, Any]:
+    check = {"not": {"enum": [None, ""]}} if allowed is None else {"enum": list(allowed)}
+    return {"properties": {field: check}, "required": [field]}
+
+
+def rules_schema(schema: dict[str, Any], rules: Sequence[Rule]) -> None:
+    """Add the rules to a JSON schema as `allOf` if/then conditions."""
+    schema["allOf"] = [
+        {"if": _schema_condition(r.when, r.when_in), "then": _schema_condition(r.then, r.then_in)} for r in rules
+    ]
+
+
 _NEEDS_21K = {  # the imagenet21k-archive preset's required fields
     "location": (
         "`location`: a directory or URL prefix holding the archive of per-class tars named by `archive` "
@@ -85,7 +125,7 @@ _NEEDS_21K = {  # the imagenet21k-archive preset's required fields
     "archive": "`archive`: the archive's file name under `location` (a .tar, .tar.gz or .tgz), or its full path or URL",
     "catalog": "`catalog`: derived (the wnids alone) or a wnid<TAB>words table",
 }
-# Cross-field rules (tasks.deploy.form_rules): checked by the model and by the Prefect server's JSON schema.
+# Cross-field rules (Rule above): checked by the model and by the Prefect server's JSON schema.
 RULES = (
     Rule(
         "preset",

@@ -5,14 +5,33 @@ Multi-index hashing: the 64 bits are cut into b bands; a pair within distance d 
 band within distance r (pigeonhole). Each band of the larger side (train) becomes a dense count table over its
 2**w values (CSR: counts, starts, rows sorted by band value); each query's band value and its variants within r
 flipped bits are looked up directly, the candidates' full 64-bit distances verified (`popcount`) and the
-pairs kept once. b and r are chosen per search to minimise lookups + candidates (`band_plan`)."""
+pairs kept once. b and r are chosen per search to minimise lookups + candidates (`band_plan`).
+
+How many pairs the check tolerates before it fails (`tolerance`): unrelated images still fall within the distance
+now and then, and those chance pairs grow with train x val: the same distance gives ~8e2 of them among
+ImageNet-1k's 6.4e10 comparisons and ~8e4 among ImageNet-21k's ~6e12. A fixed count cannot fit both, so the
+tolerance scales with the comparisons: the pairs expected by chance between unrelated uniform fingerprints
+(`chance_probability`: dct64-v2 sets exactly 32 of its 64 bits, so a distance is even, 2j for j ones of one print
+where the other has zeros: sum over j <= d/2 of C(32, j)^2 / C(64, 32)), times params
+validate.near_duplicates_chance_margin — real photos' fingerprints cluster, so more pairs than uniform ones (~17x at
+distance 8: 10 pairs among 8e8 comparisons of 40,000 distinct real JPEGs, against 0.58 expected) — with
+validate.near_duplicates_max_pairs as the floor (margin 0: that fixed count alone, as before).
+
+What a reviewer acts on after the check (`write_near_duplicate_outputs`): the pairs side by side
+(near_duplicates.png) and the candidate exclude list (near_duplicates_exclude.csv) in the curation format
+`split,wnid,name,reason` — one row per val image of a pair, sorted — ready to review and copy to the curation
+exclude list (params curate.exclude). Both are deterministic (fixed layout, Pillow's built-in font, no PNG
+metadata; sorted CSV)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import math
+import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +39,18 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image, ImageDraw, ImageFont
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from imagenet_parquet.format import FINGERPRINT_ALGORITHM, FINGERPRINT_COLUMN, own_metadata
-from tasks.common import SPLITS
-from tasks.common.params import ValidateParams
+from tasks.common import SPLITS, atomic_path, write_text
+from tasks.common.params import ValidateParams, path_key
 from tasks.validate.checks import CheckResult, passed
-from tasks.validate.near_dup_tolerance import tolerance
+from tasks.validate.contact_sheet import THUMB, Picks, _paste, read_thumbnails
 from tasks.validate.scan import list_shards
 
-BITS = 64
+BITS, WEIGHT = 64, 32  # dct64-v2: 64-bit fingerprints, each with 32 bits set (above the median)
 MAX_BAND_BITS = 22  # a dense table of 2**22 int64 counts (32 MiB) per band at most
 CANDIDATE_BLOCK = 1 << 23  # candidates verified per step: bounds memory (~0.5 GiB of temporaries)
 VERIFY_COST = 3.0  # a verified candidate costs ~3 lookups (gather, xor, popcount, compare)
@@ -263,12 +283,53 @@ def train_groups(prints: dict[str, Fingerprints], distance: int) -> dict[str, in
     }
 
 
+# ---------------------------------------------------------------- the tolerance
+def chance_probability(distance: int, bits: int = BITS, weight: int = WEIGHT) -> float:
+    """P(Hamming distance <= `distance`) between two independent uniform `bits`-bit fingerprints with `weight` bits
+    set each (hypergeometric: the distance is 2j where j of one's set bits are unset in the other)."""
+    ways = sum(math.comb(weight, j) * math.comb(bits - weight, j) for j in range(min(distance // 2, weight) + 1))
+    return ways / math.comb(bits, weight)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The chance level and the tolerated count of one train/val search."""
+
+    comparisons: int  # train x val fingerprint pairs
+    expected: float  # pairs expected by chance between uniform fingerprints
+    tolerated: int  # max(max_pairs, floor(margin x expected))
+    max_pairs: int
+    margin: float
+
+    def status(self, found: int) -> str:
+        return "warn" if found <= self.tolerated else "fail"
+
+    def describe(self) -> str:
+        """The figures in words, for the check's message."""
+        return (
+            f"expected by chance: {self.expected:.3g} among {self.comparisons:.3g} train x val comparisons "
+            f"(unrelated uniform fingerprints); tolerated: {self.tolerated} = max(params.yaml "
+            f"validate.near_duplicates_max_pairs {self.max_pairs}, validate.near_duplicates_chance_margin "
+            f"{self.margin:g} x expected)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def tolerance(train: int, val: int, distance: int, max_pairs: int, margin: float) -> Tolerance:
+    """The tolerance of a search of `val` fingerprints against `train` ones within `distance` bits."""
+    comparisons = train * val
+    expected = comparisons * chance_probability(distance)
+    return Tolerance(comparisons, expected, max(max_pairs, math.floor(margin * expected)), max_pairs, margin)
+
+
 # ---------------------------------------------------------------- the check
 def near_duplicate_check(
     parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None, views: Views | None = None
 ) -> tuple[CheckResult, dict[str, Any]]:
     """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups, the
-    chance level and the tolerance: tasks.validate.near_dup_tolerance); `classes`: the label map's class ids by
+    chance level and the tolerance: `tolerance`); `classes`: the label map's class ids by
     label (see _named); `views`: the overlay's (labels, keep) per split — an excluded image is neither searched
     nor counted, and `cross_class` compares the labels now."""
     distance, train_distance = params.near_duplicates_distance, params.near_duplicates_train_distance
@@ -302,3 +363,81 @@ def near_duplicate_check(
     )
     examples = pairs[[*PAIR_COLUMNS, "cross_class"]].head(params.report_examples).to_dict("records")
     return CheckResult("near_duplicates", allowed.status(len(pairs)), message, len(pairs), examples), section
+
+
+# ---------------------------------------------------------------- the reviewer's outputs
+NEAR_DUPLICATES_PNG = "near_duplicates.png"
+EXCLUDE_CSV = "near_duplicates_exclude.csv"
+EXCLUDE_HEADER = ["split", "wnid", "name", "reason"]
+MAX_PICTURED = 60  # pairs drawn (the first ones of the report's order: cross-class first, then by distance)
+ROW, CAPTION_X, WIDTH = THUMB + 8, 2 * THUMB + 24, 2 * THUMB + 24 + 460
+
+
+def exclude_rows(pairs: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per val image of a pair, naming its closest train image (then the first by name), sorted."""
+    closest: dict[tuple[str, str], dict[str, Any]] = {}
+    for pair in sorted(pairs, key=lambda p: (p["distance"], p["train_wnid"], p["train_name"])):
+        closest.setdefault((pair["val_wnid"], pair["val_name"]), pair)
+    rows = []
+    for (wnid, name), pair in sorted(closest.items()):
+        other = ", another class" if pair["cross_class"] else ""
+        reason = (
+            f"near-duplicate of train/{pair['train_wnid']}/{pair['train_name']} (distance {pair['distance']}{other})"
+        )
+        rows.append(["val", wnid, name, reason])
+    return rows
+
+
+def exclude_csv(pairs: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerows([EXCLUDE_HEADER, *exclude_rows(pairs)])
+    return buf.getvalue()
+
+
+def draw_pairs(
+    pairs: list[dict[str, Any]], parquet_dir: Path, total: int, empty: str = "no near-duplicate pair"
+) -> Image.Image:
+    """One line per pair: val thumbnail, train thumbnail, names, classes and distance (cross-class in red);
+    `empty` is what the picture says when there is none."""
+    shown = pairs[:MAX_PICTURED]
+    picks: Picks = {
+        (split, i): [(parquet_dir / split / p[f"{split}_shard"], int(p[f"{split}_row"]))]
+        for i, p in enumerate(shown)
+        for split in ("val", "train")
+    }
+    thumbs = read_thumbnails(picks)
+    sheet = Image.new("RGB", (WIDTH, 28 + max(1, len(shown)) * ROW), "white")
+    draw, font = ImageDraw.Draw(sheet), ImageFont.load_default(size=13)
+    title = f"{total} train/val near-duplicate pair(s)" + (f", first {len(shown)}" if total > len(shown) else "")
+    draw.text((8, 6), title + "   (val | train)", fill="black", font=font)
+    for i, pair in enumerate(shown):
+        y = 28 + i * ROW
+        for col, split in enumerate(("val", "train")):
+            x = 8 + col * (THUMB + 8)
+            _paste(sheet, draw, (x, y, x + THUMB - 1, y + THUMB - 1), thumbs.get(picks[split, i][0]), False)
+        colour = "red" if pair["cross_class"] else "black"
+        lines = [
+            f"val   {pair['val_wnid']}/{pair['val_name']}",
+            f"train {pair['train_wnid']}/{pair['train_name']}",
+            f"distance {pair['distance']}" + ("   CROSS-CLASS: also a label problem" if pair["cross_class"] else ""),
+        ]
+        for k, text in enumerate(lines):
+            draw.text((CAPTION_X, y + 4 + 20 * k), text, fill=colour, font=font)
+    if not shown:
+        draw.multiline_text((8, 34), textwrap.fill(empty, 88), fill="dimgray", font=font)
+    return sheet
+
+
+def write_near_duplicate_outputs(
+    report: dict[str, Any], parquet_dir: str | Path, reports_dir: str | Path
+) -> list[Path]:
+    """near_duplicates.png and near_duplicates_exclude.csv under `reports_dir` (atomic), from the report's
+    `near_duplicates` section (empty outputs when the check found nothing or could not run)."""
+    near = report.get("near_duplicates", {})
+    pairs = near.get("pairs", [])
+    empty = "no near-duplicate pair" if near.get("checked", True) else f"not checked: {near['reason']}"
+    out_png = Path(reports_dir) / NEAR_DUPLICATES_PNG
+    with atomic_path(out_png, path_key("reports")) as tmp:
+        draw_pairs(pairs, Path(parquet_dir), len(pairs), empty).save(tmp, "PNG")
+    return [out_png, write_text(Path(reports_dir) / EXCLUDE_CSV, exclude_csv(pairs), path_key("reports"))]

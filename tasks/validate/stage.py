@@ -35,9 +35,16 @@ from tasks.validate.dataset_checks import (
 from tasks.validate.merged import View, apply_overlays, merged_frame, require_overlays
 from tasks.validate.near_dup import near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
-from tasks.validate.scan import Shard, list_shards, read_metadata, scan_bytes
-from tasks.validate.scan_cache import SCAN_DIR, ScanCache, decode_mask
-from tasks.validate.shard_bytes import ByteFindings
+from tasks.validate.scan import (
+    SCAN_DIR,
+    ByteFindings,
+    ScanCache,
+    Shard,
+    decode_mask,
+    list_shards,
+    read_metadata,
+    scan_bytes,
+)
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
 
@@ -89,7 +96,7 @@ def run_validation(
     leakage, near-duplicates and the decode sample are of the merged view: the curation overlay in `overlay_dir`
     (None: `<parquet_dir>/../overlay`, where readers find it) applied — labels now, excluded rows dropped.
     `work_dir` (`<paths.work>/validate`): scratch space where each shard's byte findings are kept (`scan/`) and
-    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan_cache); the
+    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan); the
     report is the same either way. None: every shard's bytes are read."""
     overlays = Path(overlay_dir) if overlay_dir is not None else Path(parquet_dir).parent / OVERLAY_DIR
     curation = require_overlays(overlays)  # before any shard is read

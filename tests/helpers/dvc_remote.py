@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tasks.convert.writer import ShardWriter
+from tasks.common.shard_writer import ShardWriter
 from tests.helpers.datasets import write_shards
 from tests.helpers.project import GIT
 

@@ -1,6 +1,7 @@
 """The shard writer: streams rows into a Parquet file one row group at a time, locating each image value as it is
 written (the footer byte index of imagenet_parquet.format) and hashing the file (MD5, for DVC) in the same pass,
-with fixed settings so the bytes are deterministic."""
+with fixed settings so the bytes are deterministic. Shared by the convert stage and compaction
+(tasks.curate.compact): both write shards with the same settings, the same bytes."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tasks.common.errors import PipelineError
 from tasks.common.procs import die_with_parent
 
 STATE = "imagenet-parquet-server.json"
@@ -103,8 +104,6 @@ def _start_keeper(home: Path) -> dict[str, Any]:
             break
         time.sleep(0.2)
     keeper.kill()
-    from tasks.common.errors import PipelineError
-
     tail = (home / "imagenet-parquet-server.log").read_text(errors="replace")[-2000:]
     raise PipelineError(
         f"{home / 'imagenet-parquet-server.log'}: expected a Prefect server to answer within {START_TIMEOUT_S:.0f} s, "

@@ -1,5 +1,5 @@
 # `make run`: the pipeline on the built-in sample (dvc repro). `make test`: the test suite. `make lint`: ruff (lint and
-# format check) and mypy over tasks/, flows/, imagenet_parquet/ (ruff.toml, mypy.ini).
+# format check) and mypy over tasks/, flows/, imagenet_parquet/, benchmarks/ (ruff.toml, mypy.ini).
 # All create .venv and install the project with the pipeline, test and lint extras on first use (the base install,
 # `pip install .`, is only the reader: pyarrow, pillow, numpy).
 PYTHON ?= python3
@@ -23,7 +23,7 @@ run: $(STAMP)
 test: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q -n auto
 
-LINT_PATHS := tasks flows imagenet_parquet
+LINT_PATHS := tasks flows imagenet_parquet benchmarks
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS) && $(BIN)/ruff format --check $(LINT_PATHS) && $(BIN)/mypy $(LINT_PATHS)
 
@@ -53,6 +53,7 @@ remote-local: $(STAMP)
 remote-s3: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH scripts/remote.sh s3 $(URL) $(ENDPOINT)
 
-# Benchmarks (each prints a table; they write under benchmarks/_work/, git-ignored).
+# Benchmarks (each prints a table; they write under benchmarks/_work/, git-ignored), each run from the repository root
+# as `python -m benchmarks.<name>` (docs/contributor.md lists them).
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do m=$$(basename $$b .py); echo "== $$m"; $(BIN)/python -m benchmarks.$$m || exit 1; done

@@ -197,6 +197,17 @@ def md5s(root: Path) -> dict[str, tuple[str, int]]:
     )
 
 
+def shard_md5s(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
+    """split -> shard name -> (MD5, bytes) of a project's data/parquet (what a new version rewrote)."""
+    return {
+        split: {
+            p.name: (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
+            for p in sorted((project / "data/parquet" / split).glob("*.parquet"))
+        }
+        for split in ("train", "val")
+    }
+
+
 def unique_jpeg(data: bytes, tag: str | bytes) -> bytes:
     """The same JPEG with a COM segment right after SOI: unique bytes, same pixels."""
     payload = tag.encode() if isinstance(tag, str) else tag

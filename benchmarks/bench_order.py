@@ -241,6 +241,28 @@ def label_map(classes: int) -> dict[str, Any]:
     }
 
 
+def shard_rows(
+    pairs: list[tuple[int, str]], lmap: dict[str, Any], bases: list[bytes], phash: list[int]
+) -> Iterator[dict[str, Any]]:
+    """The shard rows of (label, name) pairs: the class's tiny JPEG made unique by its name in a COM segment."""
+    for label, name in pairs:
+        cls = lmap["classes"][label]
+        data = unique_jpeg(bases[label], name)
+        yield {
+            "image": {"bytes": data, "path": name},
+            "label": label,
+            "wnid": cls["wnid"],
+            "label_name": cls["name"],
+            "width": 32,
+            "height": 32,
+            "source_format": "JPEG",
+            "transform": "none",
+            "exif_orientation": 1,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "phash": phash[label],
+        }
+
+
 def build_shards(root: Path, args: argparse.Namespace) -> dict[str, Path]:
     """The same rows in both layouts, written by the convert stage's writer (footer byte index included)."""
     lmap = label_map(args.classes)
@@ -255,38 +277,21 @@ def build_shards(root: Path, args: argparse.Namespace) -> dict[str, Path]:
     out = {}
     for layout in LAYOUTS:
         table = order_rows(manifest, layout)
-        labels, names = table.column("label").to_pylist(), table.column("name").to_pylist()
+        pairs = list(zip(table.column("label").to_pylist(), table.column("name").to_pylist(), strict=True))
         params = {"policy": "passthrough", "row_group_rows": args.row_group_rows, "order": layout}
         schema = shard_schema(lmap, params, "train")
         split = root / layout / "train"
         split.mkdir(parents=True, exist_ok=True)
-
-        def rows(a: int, b: int, labels: list[int] = labels, names: list[str] = names) -> Iterator[dict[str, Any]]:
-            for label, name in zip(labels[a:b], names[a:b], strict=True):
-                cls = lmap["classes"][label]
-                data = unique_jpeg(bases[label], name)
-                yield {
-                    "image": {"bytes": data, "path": name},
-                    "label": label,
-                    "wnid": cls["wnid"],
-                    "label_name": cls["name"],
-                    "width": 32,
-                    "height": 32,
-                    "source_format": "JPEG",
-                    "transform": "none",
-                    "exif_orientation": 1,
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "phash": phash[label],
-                }
-
         a = 0
-        for n in split_shards(len(labels), args.sim_shard_rows):
+        for n in split_shards(len(pairs), args.sim_shard_rows):
+            label, name = pairs[a]
             stem = (
-                "h" + order_hash(names[a]).hex()[:16]
+                "h" + order_hash(name).hex()[:16]
                 if layout == "hashed"
-                else shard_stem(lmap["classes"][labels[a]]["wnid"], names[a])
+                else shard_stem(lmap["classes"][label]["wnid"], name)
             )
-            write_shard(split / f"train-{stem}.parquet", schema, args.row_group_rows, rows(a, a + n))
+            rows = shard_rows(pairs[a : a + n], lmap, bases, phash)
+            write_shard(split / f"train-{stem}.parquet", schema, args.row_group_rows, rows)
             a += n
         out[layout] = split
     os.sync()  # written pages are dirty until flushed: DONTNEED drops clean pages only
@@ -457,7 +462,7 @@ def throughput_table(res: dict[str, Any]) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--per-class", type=int, default=26, help="images per class in the measured shards")
@@ -478,16 +483,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the shards (deleted at the end by default)")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
+    return args
 
-    started = time.perf_counter()
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {loadavg().split()}")
-    results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+
+def measure_shards(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Write the shards of both layouts, then the measured mixing and the throughput into `results`."""
     shards_root = args.work / "shards"
     shutil.rmtree(shards_root, ignore_errors=True)
     try:
         t = time.perf_counter()
         shards = build_shards(shards_root, args)
-        mb = sum(f.stat().st_size for f in shards_root.rglob("*.parquet")) / 2e6
+        mb = sum(f.stat().st_size for f in sorted(shards_root.rglob("*.parquet"))) / 2e6
         starts = [ParquetImageDataset(split, decode=False).index.starts for split in shards.values()]
         results["same_row_groups"] = same = bool(np.array_equal(starts[0], starts[-1]))
         print(
@@ -505,11 +511,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(shards_root, ignore_errors=True)
-    if not args.no_full_scale:
-        t = time.perf_counter()
-        results["label_only"] = label_only(args)
-        print(f"label-only model at ImageNet-1k scale: {time.perf_counter() - t:.1f} s", flush=True)
 
+
+def print_tables(args: argparse.Namespace, results: dict[str, Any]) -> None:
     if "label_only" in results:
         lo = results["label_only"]
         mixing_table(
@@ -529,6 +533,19 @@ def main(argv: list[str] | None = None) -> None:
         True,
     )
     throughput_table(results["throughput"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {loadavg().split()}")
+    results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    measure_shards(args, results)
+    if not args.no_full_scale:
+        t = time.perf_counter()
+        results["label_only"] = label_only(args)
+        print(f"label-only model at ImageNet-1k scale: {time.perf_counter() - t:.1f} s", flush=True)
+    print_tables(args, results)
     results["seconds"] = time.perf_counter() - started
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True), encoding="utf-8")

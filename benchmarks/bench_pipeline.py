@@ -52,7 +52,7 @@ from tests.helpers.servers import isolate_prefect
 WORK = REPO / "benchmarks" / "_work" / "pipeline"
 RESULTS = REPO / "benchmarks" / "_work" / "pipeline-results.json"
 IMAGENET_IMAGES = 1_331_167  # ILSVRC2012 train + val
-STAGES = ("download", "verify", "extract", "convert", "validate")
+Refs = dict[str, dict[str, Any]]  # md5sum / cp of the archives: name -> figures
 
 
 def build_mirror(images: int) -> tuple[Path, int]:
@@ -350,7 +350,7 @@ def check_mirror(given: Path | None, images: int, keep: bool) -> None:
             shutil.rmtree(mirror)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=4000, help="images in the mirror (train + val)")
     parser.add_argument(
@@ -379,25 +379,22 @@ def main() -> None:
         help="fingerprint every image of the mirror at DIR (default: the --images mirror, built "
         "here) and print its near-duplicate pairs instead of running the pipeline",
     )
-    args = parser.parse_args()
-    have = len(os.sched_getaffinity(0))
-    if args.report:
-        saved = json.loads(args.report.read_text())
-        for label, runs in saved["results"].items():
-            print(table(label, runs, saved["refs"], saved["cpus"]))
-        print(compare_stage(saved["results"], "convert"))
-        return
-    if not SAMPLES.is_dir():
-        raise SystemExit(f"{SAMPLES}: expected the folder of real ImageNet JPEGs, found nothing")
-    if args.check_mirror is not None:
-        check_mirror(Path(args.check_mirror) if args.check_mirror else None, args.images, args.keep)
-        return
-    WORK.mkdir(parents=True, exist_ok=True)
+    return parser.parse_args()
+
+
+def pipeline_env() -> dict[str, str]:
+    """The environment of every `dvc repro`: a fresh PREFECT_HOME, no Prefect server of the caller's, this
+    interpreter's bin/ first on PATH."""
     isolate_prefect()  # a fresh PREFECT_HOME for every stage (before anything imports prefect)
     # the stages import the project copy's code, as `dvc repro` does for a user: no PYTHONPATH into a checkout
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PYTHONPATH")}
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")  # a fresh database migrates first
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run_all(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict[str, dict[str, dict[str, Any]]], Refs]:
+    """Every variant on the big mirror (and the small one): label -> "big"/"small" -> run; the reference rows."""
     if args.fixed_images is None:
         args.fixed_images = max(200, args.images // 10)
     sizes = {"big": args.images, **({"small": args.fixed_images} if 0 < args.fixed_images < args.images else {})}
@@ -406,7 +403,7 @@ def main() -> None:
     if args.baseline_rev:
         variants[f"baseline {args.baseline_rev}"] = (args.baseline_rev, {})
     results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in variants}
-    refs: dict[str, dict[str, Any]] = {}
+    refs: Refs = {}
     try:
         for size, count in sizes.items():
             mirror, images = build_mirror(count)
@@ -422,10 +419,31 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(WORK, ignore_errors=True)
-    RESULTS.write_text(json.dumps({"results": results, "refs": refs, "cpus": have}, indent=1))
+    return results, refs
+
+
+def print_tables(results: dict[str, dict[str, dict[str, Any]]], refs: Refs, cpus: int) -> None:
     for label, runs in results.items():
-        print(table(label, runs, refs, have))
+        print(table(label, runs, refs, cpus))
     print(compare_stage(results, "convert"))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        print_tables(saved["results"], saved["refs"], saved["cpus"])
+        return
+    if not SAMPLES.is_dir():
+        raise SystemExit(f"{SAMPLES}: expected the folder of real ImageNet JPEGs, found nothing")
+    if args.check_mirror is not None:
+        check_mirror(Path(args.check_mirror) if args.check_mirror else None, args.images, args.keep)
+        return
+    WORK.mkdir(parents=True, exist_ok=True)
+    have = len(os.sched_getaffinity(0))
+    results, refs = run_all(args, pipeline_env())
+    RESULTS.write_text(json.dumps({"results": results, "refs": refs, "cpus": have}, indent=1))
+    print_tables(results, refs, have)
     print(f"\n(raw figures: {RESULTS}; print again with --report {RESULTS})")
 
 

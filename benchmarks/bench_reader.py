@@ -442,7 +442,7 @@ def loaders(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=2)
@@ -469,12 +469,14 @@ def main(argv: list[str] | None = None) -> None:
         "texts (+ the folder and ceiling baselines)",
     )
     args = parser.parse_args(argv)
-
     args.work = args.work / f"{args.images}-images"
-    folder, shards, resized, small, bounded = prepare(args)
-    if args.verify_only:
-        print_verify_cost({"passthrough": shards, "resized-256": resized}, args.rounds)
-        return
+    return args
+
+
+def run_loaders(
+    args: argparse.Namespace, folder: list[tuple[str, int]], shards: Path, resized: Path, small: Path, bounded: Path
+) -> list[Result]:
+    """The selected loaders, warm then cold, with the shards' DVC remote served on loopback HTTP meanwhile."""
     checkout = dvc_remote(args.work, shards)
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.helpers.range_files", str(args.work / "remote"), "0", str(args.remote_mbps)],
@@ -500,7 +502,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         server.terminate()
         server.wait()
-    print_table(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    folder, shards, resized, small, bounded = prepare(args)
+    if not args.verify_only:
+        print_table(run_loaders(args, folder, shards, resized, small, bounded))
     print_verify_cost({"passthrough": shards, "resized-256": resized}, args.rounds)
 
 

@@ -56,13 +56,34 @@ def cmd_projection(args: argparse.Namespace) -> None:
     out.mkdir(parents=True)
     sizes = {"train": (1_281_167, 550), "val": (50_000, 25)}
     tables: dict[str, tuple[list[tuple[str, int, str]], np.ndarray]] = {}
-    results: list[dict[str, Any]] = []
     for split, (n, k) in sizes.items():
         counts = np.full(k, n // k)
         counts[: n % k] += 1
         shard_list = [(f"{split}-h{rng.bytes(8).hex()}.parquet", int(c), rng.bytes(32).hex()) for c in counts]
         labels = rng.integers(0, 1000, n)  # hashed order: every shard a uniform class mix
         tables[split] = (shard_list, labels)
+    results = projected_versions(rng, tables, out)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print("\nbench_overlay projection: ImageNet-1k overlays (overlay_table + write_overlay), 1000 classes at random")
+    head = f"{'split':<7}{'version':<9}{'rows':>11}{'shards':>8}{'relabels':>10}{'excluded':>10}{'MB':>8}{'CPU s':>7}"
+    print(ruled(head))
+    for r in results:
+        print(
+            f"{r['split']:<7}{r['version']:<9}{r['rows']:>11,}{r['shards']:>8}{r['relabels']:>10,}"
+            f"{r['exclusions']:>10,}{r['bytes'] / 1e6:>8.3f}{r['cpu_s']:>7.2f}"
+        )
+    new = sum(r["bytes"] for r in results if r["version"] == "v1")
+    print(
+        f"new bytes per version (both splits' overlays, each a new DVC object): {new / 1e6:.3f} MB "
+        "(+ curation.json and the curation CSV lines in git: KB)"
+    )
+
+
+def projected_versions(
+    rng: np.random.Generator, tables: dict[str, tuple[list[tuple[str, int, str]], np.ndarray]], out: Path
+) -> list[dict[str, Any]]:
+    """Each split's overlay before (v0) and after (v1) its share of the 10,000 relabels + 5,000 exclusions."""
+    results: list[dict[str, Any]] = []
     edits = {"train": (10_000, 4_500), "val": (0, 500)}  # 10,000 relabels + 5,000 exclusions in all
     for split, (shard_list, labels) in tables.items():
         relabels, excludes = edits[split]
@@ -91,20 +112,7 @@ def cmd_projection(args: argparse.Namespace) -> None:
                     "cpu_s": time.process_time() - cpu,
                 }
             )
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print("\nbench_overlay projection: ImageNet-1k overlays (overlay_table + write_overlay), 1000 classes at random")
-    head = f"{'split':<7}{'version':<9}{'rows':>11}{'shards':>8}{'relabels':>10}{'excluded':>10}{'MB':>8}{'CPU s':>7}"
-    print(ruled(head))
-    for r in results:
-        print(
-            f"{r['split']:<7}{r['version']:<9}{r['rows']:>11,}{r['shards']:>8}{r['relabels']:>10,}"
-            f"{r['exclusions']:>10,}{r['bytes'] / 1e6:>8.3f}{r['cpu_s']:>7.2f}"
-        )
-    new = sum(r["bytes"] for r in results if r["version"] == "v1")
-    print(
-        f"new bytes per version (both splits' overlays, each a new DVC object): {new / 1e6:.3f} MB "
-        "(+ curation.json and the curation CSV lines in git: KB)"
-    )
+    return results
 
 
 # ------------------------------------------------------------------------------------------------ reader
@@ -114,26 +122,7 @@ def cmd_reader(args: argparse.Namespace) -> None:
     path = edited_overlay(parquet, "train", 0.05, 0.05, 0, WORK / args.name / "reader" / "overlay" / "train.parquet")
     for f in sorted((parquet / "train").glob("*.parquet")):  # warm: every shard in the page cache
         f.read_bytes()
-    results: dict[str, list[tuple[float, float, int]]] = {"overlay": [], "none": []}
-    init: dict[str, list[float]] = {"overlay": [], "none": []}
-
-    def one(kind: str, seed: int) -> None:
-        start = time.perf_counter()
-        ds = ParquetIterableDataset(parquet, "train", overlay=path if kind == "overlay" else False, seed=seed)
-        init[kind].append(time.perf_counter() - start)
-        cpu, start, count = time.process_time(), time.perf_counter(), 0
-        for _ in ds:
-            count += 1
-            if count == args.images:
-                break
-        results[kind].append((time.perf_counter() - start, time.process_time() - cpu, count))
-
-    one("overlay", 99)  # a first warm-up pass of both (not counted)
-    one("none", 99)
-    results = {"overlay": [], "none": []}
-    for r in range(args.rounds):
-        for kind in ("overlay", "none") if r % 2 == 0 else ("none", "overlay"):
-            one(kind, r)
+    results, init = reader_rounds(args, parquet, path)
     rates = {k: [c / w for w, _, c in v] for k, v in results.items()}
     cpu_rates = {k: [c / u for _, u, c in v] for k, v in results.items()}
     print(
@@ -163,6 +152,33 @@ def cmd_reader(args: argparse.Namespace) -> None:
     )
 
 
+def reader_rounds(
+    args: argparse.Namespace, parquet: Path, path: Path
+) -> tuple[dict[str, list[tuple[float, float, int]]], dict[str, list[float]]]:
+    """Per reader (overlay, none): (wall s, CPU s, images) of each round, and the seconds to open the dataset."""
+    results: dict[str, list[tuple[float, float, int]]] = {"overlay": [], "none": []}
+    init: dict[str, list[float]] = {"overlay": [], "none": []}
+
+    def one(kind: str, seed: int) -> None:
+        start = time.perf_counter()
+        ds = ParquetIterableDataset(parquet, "train", overlay=path if kind == "overlay" else False, seed=seed)
+        init[kind].append(time.perf_counter() - start)
+        cpu, start, count = time.process_time(), time.perf_counter(), 0
+        for _ in ds:
+            count += 1
+            if count == args.images:
+                break
+        results[kind].append((time.perf_counter() - start, time.process_time() - cpu, count))
+
+    one("overlay", 99)  # a first warm-up pass of both (not counted)
+    one("none", 99)
+    results = {"overlay": [], "none": []}
+    for r in range(args.rounds):
+        for kind in ("overlay", "none") if r % 2 == 0 else ("none", "overlay"):
+            one(kind, r)
+    return results, init
+
+
 # ------------------------------------------------------------------------------------------------ class mix
 def expected_distinct(counts: np.ndarray, batch: int) -> tuple[float, float]:
     """Expected distinct classes in `batch` draws over kept class counts: with replacement, and without (a batch
@@ -181,46 +197,7 @@ def cmd_mix(args: argparse.Namespace) -> None:
     """Distinct classes per batch with 10 % of the rows excluded (random rows, one run) vs uniform draws."""
     parquet = WORK / args.name / "project" / "data" / "parquet"
     batch = 256
-    results: list[dict[str, Any]] = []
-    for kind in ("none", "random", "contiguous"):
-        overlay = (
-            False
-            if kind == "none"
-            else edited_overlay(
-                parquet,
-                "train",
-                0.0,
-                0.10,
-                1,
-                WORK / args.name / "overlay" / kind / "train.parquet",
-                contiguous=kind == "contiguous",
-            )
-        )
-        distinct: list[int] = []
-        kept = np.zeros(0, dtype=np.int64)  # the last epoch's labels
-        for epoch in range(args.epochs):
-            ds = ParquetIterableDataset(parquet, "train", overlay=overlay, decode=False, batch_size=batch, seed=0)
-            ds.set_epoch(epoch)
-            labels = np.fromiter((label for _, label in ds), dtype=np.int64)
-            full = len(labels) // batch * batch
-            distinct += [len(np.unique(b)) for b in labels[:full].reshape(-1, batch)]
-            kept = labels
-        counts = np.bincount(kept)
-        counts = counts[counts > 0]
-        e_with, e_without = expected_distinct(counts, batch)
-        results.append(
-            {
-                "overlay": kind,
-                "images": len(kept),
-                "classes": len(counts),
-                "batches": len(distinct),
-                "mean": float(np.mean(distinct)),
-                "min": int(np.min(distinct)),
-                "p5": float(np.percentile(distinct, 5)),
-                "expected_with": e_with,
-                "expected_without": e_without,
-            }
-        )
+    results = [mix_row(args, parquet, kind, batch) for kind in ("none", "random", "contiguous")]
     (WORK / args.name / "mix.json").write_text(json.dumps(results, indent=1))
     print(
         f"\nbench_overlay mix {args.name}: distinct classes per batch of {batch}, ParquetIterableDataset "
@@ -238,3 +215,34 @@ def cmd_mix(args: argparse.Namespace) -> None:
             f"{r['p5']:>7.1f}{r['min']:>6}{r['expected_with']:>10.1f}{r['expected_without']:>10.1f}"
             f"{r['mean'] / r['expected_with']:>12.3f}{r['mean'] / r['expected_without']:>12.3f}"
         )
+
+
+def mix_row(args: argparse.Namespace, parquet: Path, kind: str, batch: int) -> dict[str, Any]:
+    """Distinct classes per batch over `args.epochs` epochs with overlay `kind` (none, random, contiguous)."""
+    overlay: Path | bool = False
+    if kind != "none":
+        out = WORK / args.name / "overlay" / kind / "train.parquet"
+        overlay = edited_overlay(parquet, "train", 0.0, 0.10, 1, out, contiguous=kind == "contiguous")
+    distinct: list[int] = []
+    kept = np.zeros(0, dtype=np.int64)  # the last epoch's labels
+    for epoch in range(args.epochs):
+        ds = ParquetIterableDataset(parquet, "train", overlay=overlay, decode=False, batch_size=batch, seed=0)
+        ds.set_epoch(epoch)
+        labels = np.fromiter((label for _, label in ds), dtype=np.int64)
+        full = len(labels) // batch * batch
+        distinct += [len(np.unique(b)) for b in labels[:full].reshape(-1, batch)]
+        kept = labels
+    counts = np.bincount(kept)
+    counts = counts[counts > 0]
+    e_with, e_without = expected_distinct(counts, batch)
+    return {
+        "overlay": kind,
+        "images": len(kept),
+        "classes": len(counts),
+        "batches": len(distinct),
+        "mean": float(np.mean(distinct)),
+        "min": int(np.min(distinct)),
+        "p5": float(np.percentile(distinct, 5)),
+        "expected_with": e_with,
+        "expected_without": e_without,
+    }

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import REPO, SAMPLES, cpu_seconds, evict, proc_io
+from benchmarks.common import REPO, SAMPLES, cpu_seconds, evict, md_table, proc_io
 from tasks.acquire.fetch import FetchOptions, remote_size, resumable_download
 from tasks.acquire.md5state import compute_md5
 from tasks.acquire.sample import write_sample
@@ -153,14 +153,19 @@ def report(root: Path, repeat: int, http: bool) -> None:
                 best[name] = got
     ref = best["md5sum"]["wall"]
     print(f"train + val archives: {size / 1e9:.2f} GB, {os.cpu_count()} CPUs, best of {repeat}, cold\n")
-    print("| variant | wall s | CPU s | read() passes | disk read passes | wall / md5sum |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, r in best.items():
-        passes = "—" if name == "md5sum" else f"{r['rchar'] / size:.2f}"
-        print(
-            f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {passes} | {r['read_bytes'] / size:.2f} | "
-            f"{r['wall'] / ref:.2f} |"
+    header = ["variant", "wall s", "CPU s", "read() passes", "disk read passes", "wall / md5sum"]
+    rows = [
+        (
+            name,
+            f"{r['wall']:.1f}",
+            f"{r['cpu']:.1f}",
+            "—" if name == "md5sum" else f"{r['rchar'] / size:.2f}",
+            f"{r['read_bytes'] / size:.2f}",
+            f"{r['wall'] / ref:.2f}",
         )
+        for name, r in best.items()
+    ]
+    print(md_table(header, rows))
 
 
 if __name__ == "__main__":

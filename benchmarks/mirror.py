@@ -36,7 +36,7 @@ from unittest import mock
 import numpy as np
 from PIL import Image, ImageChops, JpegImagePlugin
 
-from benchmarks.common import unique_jpeg
+from benchmarks.common import md_table, unique_jpeg
 from tasks.acquire import sample
 from tasks.common import ARCHIVES
 from tasks.convert.fingerprint import fingerprint
@@ -195,4 +195,4 @@ def check_table(label: str, found: dict[str, Any]) -> str:
         ("... min / median distance", f"{found['same_source_min']} / {found['same_source_median']}"),
         ("... within 8 bits", f"{found['same_source_le_8']:,}"),
     ]
-    return "\n".join([f"\n### {label}\n", "| figure | value |", "|---|---:|", *(f"| {n} | {v} |" for n, v in rows)])
+    return f"\n### {label}\n\n" + md_table(["figure", "value"], rows)

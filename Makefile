@@ -1,6 +1,6 @@
 # `make run`: the pipeline on the built-in sample (dvc repro). `make test`: the test suite. `make lint`: ruff (lint and
-# format check) and mypy over tasks/, flows/, imagenet_parquet/ (ruff.toml, mypy.ini), then the import rules
-# (lint-imports: pyproject.toml [tool.importlinter]).
+# format check) and mypy over tasks/, flows/, imagenet_parquet/, benchmarks/ (ruff.toml, mypy.ini), then the import
+# rules (lint-imports: pyproject.toml [tool.importlinter]).
 # All create .venv and install the project with the pipeline, test and lint extras on first use (the base install,
 # `pip install .`, is only the reader: pyarrow, pillow, numpy).
 PYTHON ?= python3
@@ -24,7 +24,7 @@ run: $(STAMP)
 test: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q -n auto
 
-LINT_PATHS := tasks flows imagenet_parquet
+LINT_PATHS := tasks flows imagenet_parquet benchmarks
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS) && $(BIN)/ruff format --check $(LINT_PATHS) && $(BIN)/mypy $(LINT_PATHS) \
 		&& $(BIN)/lint-imports --no-cache
@@ -55,6 +55,7 @@ remote-local: $(STAMP)
 remote-s3: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH scripts/remote.sh s3 $(URL) $(ENDPOINT)
 
-# Benchmarks (each prints a table; they write under benchmarks/_work/, git-ignored).
+# Benchmarks (each prints a table; they write under benchmarks/_work/, git-ignored), each run from the repository root
+# as `python -m benchmarks.<name>` (docs/contributor.md lists them).
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do m=$$(basename $$b .py); echo "== $$m"; $(BIN)/python -m benchmarks.$$m || exit 1; done

@@ -1,7 +1,7 @@
 """Benchmark verify + extract's read of the archives: one pass (MD5 and tar index together) vs two (today's MD5,
 then the header walk) vs `md5sum`, each cold (posix_fadvise DONTNEED on the archives first), side by side.
 
-    python benchmarks/bench_archive_pass.py [--archives DIR] [--classes 100 --train-per-class 400] [--repeat 2]
+    python -m benchmarks.bench_archive_pass [--archives DIR] [--classes 100 --train-per-class 400] [--repeat 2]
                                             [--keep] [--http]
 
 DIR holds ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar (e.g. a bench_pipeline mirror); without it a mirror of
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -25,39 +24,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tasks.acquire.fetch import FetchOptions, remote_size, resumable_download  # noqa: E402
-from tasks.acquire.md5state import compute_md5  # noqa: E402
-from tasks.acquire.sample import write_sample  # noqa: E402
-from tasks.common import ARCHIVES, SPLITS  # noqa: E402
-from tasks.common.archive_pass import ArchivePass, StreamIndex, hash_and_index  # noqa: E402
-from tasks.common.tarindex import index_nested, index_tar  # noqa: E402
-from tests.helpers.servers import free_port, wait_http  # noqa: E402
+from benchmarks.common import REPO, SAMPLES, cpu_seconds, evict, md_table, proc_io
+from tasks.acquire.fetch import FetchOptions, remote_size, resumable_download
+from tasks.acquire.md5state import compute_md5
+from tasks.acquire.sample import write_sample
+from tasks.common import ARCHIVES, SPLITS
+from tasks.common.archive_pass import ArchivePass, StreamIndex, hash_and_index
+from tasks.common.tarindex import index_nested, index_tar
+from tests.helpers.servers import free_port, wait_http
 
 WORK = REPO / "benchmarks" / "_work" / "archive_pass"
-SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
 INDEX = {"train": index_nested, "val": index_tar}
-
-
-def drop_cache(paths: list[Path]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def io_now() -> dict[str, int]:
-    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
-    return {key: int(fields[key]) for key in ("rchar", "read_bytes")}
-
-
-def cpu_now(children: bool = False) -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def two_passes(paths: dict[str, Path]) -> None:
@@ -65,7 +42,7 @@ def two_passes(paths: dict[str, Path]) -> None:
     the RAM) the MD5's read has long left the cache when the header walk starts."""
     for split, path in paths.items():
         compute_md5(path, progress=False)
-        drop_cache([path])
+        evict([path])
         INDEX[split](path, split, "")
 
 
@@ -122,12 +99,12 @@ def md5sum(paths: dict[str, Path]) -> None:
 
 
 def measure(run: Callable[[dict[str, Path]], None], paths: dict[str, Path]) -> dict[str, float]:
-    drop_cache(list(paths.values()))
-    io0, cpu0, child0, t0 = io_now(), cpu_now(), cpu_now(True), time.perf_counter()
+    evict(paths.values())
+    io0, cpu0, t0 = proc_io(), cpu_seconds(), time.perf_counter()
     run(paths)
-    wall, io1 = time.perf_counter() - t0, io_now()
-    cpu = cpu_now() - cpu0 + cpu_now(True) - child0
-    return {"wall": wall, "cpu": cpu, **{key: io1[key] - io0[key] for key in io1}}
+    wall, io1 = time.perf_counter() - t0, proc_io()
+    cpu = cpu_seconds() - cpu0
+    return {"wall": wall, "cpu": cpu, **{key: io1[key] - io0[key] for key in ("rchar", "read_bytes")}}
 
 
 def archives(args: argparse.Namespace) -> Path:
@@ -176,14 +153,19 @@ def report(root: Path, repeat: int, http: bool) -> None:
                 best[name] = got
     ref = best["md5sum"]["wall"]
     print(f"train + val archives: {size / 1e9:.2f} GB, {os.cpu_count()} CPUs, best of {repeat}, cold\n")
-    print("| variant | wall s | CPU s | read() passes | disk read passes | wall / md5sum |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, r in best.items():
-        passes = "—" if name == "md5sum" else f"{r['rchar'] / size:.2f}"
-        print(
-            f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {passes} | {r['read_bytes'] / size:.2f} | "
-            f"{r['wall'] / ref:.2f} |"
+    header = ["variant", "wall s", "CPU s", "read() passes", "disk read passes", "wall / md5sum"]
+    rows = [
+        (
+            name,
+            f"{r['wall']:.1f}",
+            f"{r['cpu']:.1f}",
+            "—" if name == "md5sum" else f"{r['rchar'] / size:.2f}",
+            f"{r['read_bytes'] / size:.2f}",
+            f"{r['wall'] / ref:.2f}",
         )
+        for name, r in best.items()
+    ]
+    print(md_table(header, rows))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Class mixing and throughput of every reader path, class-sorted vs hashed row order, in one run (issue 20).
 
-    python benchmarks/bench_order.py [--classes 1000] [--per-class 26] [--row-group-rows 100] [--workers 2]
-                                     [--batches 256,64] [--images-for-throughput 8192] [--rounds 4]
+    python -m benchmarks.bench_order [--classes 1000] [--per-class 26] [--row-group-rows 100] [--workers 2]
+                                    [--batches 256,64] [--images-for-throughput 8192] [--rounds 4]
 
 Rows used to be stored sorted by class (`convert.order: class`); convert now writes them in hashed order
 (`convert.order: hashed`: sorted by `tasks.convert.plan.order_hash(name)`, so every row group is a uniform class
@@ -33,16 +33,17 @@ read by real DataLoaders (labels of a full epoch, decode off; the "= model" colu
 out exactly as the label-only model predicts). Writes benchmarks/_work/order/results.json; the shards under
 benchmarks/_work/order/ are deleted at the end unless --keep.
 """
+
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import io
 import json
+import mmap
 import os
-import resource
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,13 +51,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from imagenet_parquet.format import shard_schema  # noqa: E402
-from imagenet_parquet.partition import epoch_order, rank_positions, worker_positions  # noqa: E402
-from tasks.convert.plan import order_hash, order_rows, shard_stem  # noqa: E402
+from benchmarks.common import REPO, cpu_seconds, evict, loadavg, unique_jpeg
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
+from imagenet_parquet.format import shard_schema
+from imagenet_parquet.partition import epoch_order, rank_positions, worker_positions
+from tasks.convert.fingerprint import fingerprint
+from tasks.convert.plan import order_hash, order_rows, shard_stem
+from tasks.convert.writer import write_shard
 
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k train images; classes hold 732..1300
 PATHS = {  # name -> (reader, DataLoader order)
@@ -103,8 +108,9 @@ def same_class_se(length: int, counts: np.ndarray) -> float:
 def imagenet_counts(classes: int = 1000, total: int = IMAGENET_TRAIN, low: int = 732, high: int = 1300) -> np.ndarray:
     """Synthetic per-class counts with ImageNet-1k's total, minimum and maximum: most classes at `high`, the
     fewest possible below it, spread evenly from `low` (the real histogram has that shape: most classes at 1300)."""
-    short = next(n for n in range(1, classes + 1)
-                 if high * (classes - n) + np.linspace(low, high - 1, n).round().sum() <= total)
+    short = next(
+        n for n in range(1, classes + 1) if high * (classes - n) + np.linspace(low, high - 1, n).round().sum() <= total
+    )
     counts = np.full(classes, high, dtype=np.int64)
     counts[:short] = np.linspace(low, high - 1, short).round()
     for k in range(1, short):  # what is left goes to the classes below `high` (never past it; class 0 stays `low`)
@@ -129,8 +135,17 @@ def _round_robin(per_worker: list[list[np.ndarray]]) -> list[np.ndarray]:
     return [w[t] for t in range(max(map(len, per_worker), default=0)) for w in per_worker if t < len(w)]
 
 
-def loader_batches(path: str, starts: np.ndarray, batch: int, workers: int, *, seed: int = 0, epoch: int = 0,
-                   window: int = 4, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+def loader_batches(
+    path: str,
+    starts: np.ndarray,
+    batch: int,
+    workers: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = 4,
+    rng: np.random.Generator | None = None,
+) -> list[np.ndarray]:
     """The global row indices of each batch a DataLoader(batch_size=`batch`, num_workers=`workers`) yields over
     one epoch of `path` (PATHS values) with the readers' default settings (seed 0, window 4, one rank)."""
     total = int(starts[-1])
@@ -157,9 +172,13 @@ def mixing(batches_by_size: dict[int, list[np.ndarray]], counts: np.ndarray) -> 
     for batch, batches in batches_by_size.items():
         distinct = distinct_per_batch(batches, batch)
         expect = uniform_expectation(counts, batch)
-        out["distinct"][str(batch)] = {"mean": float(distinct.mean()), "uniform": expect,
-                                       "ratio": float(distinct.mean() / expect),
-                                       "worst_ratio": float(distinct.min() / expect), "batches": len(distinct)}
+        out["distinct"][str(batch)] = {
+            "mean": float(distinct.mean()),
+            "uniform": expect,
+            "ratio": float(distinct.mean() / expect),
+            "worst_ratio": float(distinct.min() / expect),
+            "batches": len(distinct),
+        }
     first = next(iter(batches_by_size.values()))
     sequence = np.concatenate(first)
     out["same_class_ratio"] = same_class_ratio(sequence, counts)
@@ -175,13 +194,20 @@ def label_only(args: argparse.Namespace) -> dict[str, Any]:
     names = [f"n{10000000 + k:08d}_{i + 1}.JPEG" for k, n in enumerate(counts) for i in range(n)]
     hashed = order_rows(pa.table({"name": names, "row": np.arange(total)}), "hashed").column("row").to_numpy()
     starts = row_group_starts(split_shards(total, args.sim_shard_rows), args.row_group_rows)
-    results: dict[str, Any] = {"rows": total, "classes": len(counts), "counts_min": int(counts.min()),
-                               "counts_max": int(counts.max()), "row_groups": len(starts) - 1, "paths": {}}
+    results: dict[str, Any] = {
+        "rows": total,
+        "classes": len(counts),
+        "counts_min": int(counts.min()),
+        "counts_max": int(counts.max()),
+        "row_groups": len(starts) - 1,
+        "paths": {},
+    }
     for layout, labels in (("class", class_labels), ("hashed", class_labels[hashed])):
         for name, path in PATHS.items():
             rng = np.random.default_rng(1)
-            batches = {b: [labels[i] for i in loader_batches(path, starts, b, args.workers, rng=rng)]
-                       for b in args.batches}
+            batches = {
+                b: [labels[i] for i in loader_batches(path, starts, b, args.workers, rng=rng)] for b in args.batches
+            }
             results["paths"][f"{layout}|{name}"] = mixing(batches, counts)
     return results
 
@@ -189,8 +215,6 @@ def label_only(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------- real shards
 def tiny_jpegs(classes: int, seed: int = 0) -> list[bytes]:
     """One 32x32 noise JPEG per class (re-used, each copy made unique by a COM segment)."""
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(classes):
@@ -200,52 +224,74 @@ def tiny_jpegs(classes: int, seed: int = 0) -> list[bytes]:
     return out
 
 
-def with_comment(jpeg: bytes, text: bytes) -> bytes:
-    """`jpeg` with a COM segment right after SOI: other bytes, the same pixels."""
-    return jpeg[:2] + b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text + jpeg[2:]
-
-
 def label_map(classes: int) -> dict[str, Any]:
-    return {"num_classes": classes, "label_source": "devkit",
-            "classes": [{"label": k, "wnid": f"n{10000000 + k:08d}", "name": f"class {k}", "words": f"class {k}",
-                         "ilsvrc2012_id": k + 1} for k in range(classes)]}
+    return {
+        "num_classes": classes,
+        "label_source": "devkit",
+        "classes": [
+            {
+                "label": k,
+                "wnid": f"n{10000000 + k:08d}",
+                "name": f"class {k}",
+                "words": f"class {k}",
+                "ilsvrc2012_id": k + 1,
+            }
+            for k in range(classes)
+        ],
+    }
+
+
+def shard_rows(
+    pairs: list[tuple[int, str]], lmap: dict[str, Any], bases: list[bytes], phash: list[int]
+) -> Iterator[dict[str, Any]]:
+    """The shard rows of (label, name) pairs: the class's tiny JPEG made unique by its name in a COM segment."""
+    for label, name in pairs:
+        cls = lmap["classes"][label]
+        data = unique_jpeg(bases[label], name)
+        yield {
+            "image": {"bytes": data, "path": name},
+            "label": label,
+            "wnid": cls["wnid"],
+            "label_name": cls["name"],
+            "width": 32,
+            "height": 32,
+            "source_format": "JPEG",
+            "transform": "none",
+            "exif_orientation": 1,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "phash": phash[label],
+        }
 
 
 def build_shards(root: Path, args: argparse.Namespace) -> dict[str, Path]:
     """The same rows in both layouts, written by the convert stage's writer (footer byte index included)."""
-    from tasks.convert.fingerprint import fingerprint
-    from tasks.convert.writer import write_shard
-
     lmap = label_map(args.classes)
     bases = tiny_jpegs(args.classes)
     phash = [fingerprint(b) for b in bases]  # the COM segment leaves the pixels (and so the fingerprint) as they are
-    manifest = pa.table({  # (wnid, name) order, like the manifests
-        "label": np.repeat(np.arange(args.classes), args.per_class),
-        "name": [f"n{10000000 + k:08d}_{i + 1}.JPEG" for k in range(args.classes) for i in range(args.per_class)],
-    })
+    manifest = pa.table(
+        {  # (wnid, name) order, like the manifests
+            "label": np.repeat(np.arange(args.classes), args.per_class),
+            "name": [f"n{10000000 + k:08d}_{i + 1}.JPEG" for k in range(args.classes) for i in range(args.per_class)],
+        }
+    )
     out = {}
     for layout in LAYOUTS:
         table = order_rows(manifest, layout)
-        labels, names = table.column("label").to_pylist(), table.column("name").to_pylist()
+        pairs = list(zip(table.column("label").to_pylist(), table.column("name").to_pylist(), strict=True))
         params = {"policy": "passthrough", "row_group_rows": args.row_group_rows, "order": layout}
         schema = shard_schema(lmap, params, "train")
         split = root / layout / "train"
         split.mkdir(parents=True, exist_ok=True)
-
-        def rows(a: int, b: int, labels: list[int] = labels, names: list[str] = names) -> Iterator[dict[str, Any]]:
-            for label, name in zip(labels[a:b], names[a:b], strict=True):
-                cls = lmap["classes"][label]
-                data = with_comment(bases[label], name.encode())
-                yield {"image": {"bytes": data, "path": name}, "label": label, "wnid": cls["wnid"],
-                       "label_name": cls["name"], "width": 32, "height": 32, "source_format": "JPEG",
-                       "transform": "none", "exif_orientation": 1, "sha256": hashlib.sha256(data).hexdigest(),
-                       "phash": phash[label]}
-
         a = 0
-        for n in split_shards(len(labels), args.sim_shard_rows):
-            stem = "h" + order_hash(names[a]).hex()[:16] if layout == "hashed" else shard_stem(
-                lmap["classes"][labels[a]]["wnid"], names[a])
-            write_shard(split / f"train-{stem}.parquet", schema, args.row_group_rows, rows(a, a + n))
+        for n in split_shards(len(pairs), args.sim_shard_rows):
+            label, name = pairs[a]
+            stem = (
+                "h" + order_hash(name).hex()[:16]
+                if layout == "hashed"
+                else shard_stem(lmap["classes"][label]["wnid"], name)
+            )
+            rows = shard_rows(pairs[a : a + n], lmap, bases, phash)
+            write_shard(split / f"train-{stem}.parquet", schema, args.row_group_rows, rows)
             a += n
         out[layout] = split
     os.sync()  # written pages are dirty until flushed: DONTNEED drops clean pages only
@@ -256,17 +302,11 @@ class ToTensor:
     """PIL RGB -> uint8 CHW tensor (what a training transform ends with)."""
 
     def __call__(self, image: Any) -> Any:
-        import torch
-
         return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
 def make_loader(path: str, split: Path, batch: int, workers: int, decode: bool) -> Any:
     """The DataLoader of reader path `path` with default reader settings."""
-    from torch.utils.data import DataLoader
-
-    from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
-
     kw: dict[str, Any] = {"decode": decode, "draft_size": 64, "transform": ToTensor()} if decode else {"decode": False}
     if path.startswith("iterable"):
         stream = ParquetIterableDataset(split, batch_size=batch if path == "iterable-batch" else None, **kw)
@@ -277,26 +317,12 @@ def make_loader(path: str, split: Path, batch: int, workers: int, decode: bool) 
     return DataLoader(ds, batch_size=batch, sampler=RowGroupSampler(ds), num_workers=workers)
 
 
-def evict(files: list[Path]) -> None:
-    """Drop the shard files from the page cache (POSIX_FADV_DONTNEED; no root needed)."""
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def cached_fraction(files: list[Path]) -> float | None:
     """Share of the files' pages in the page cache (mincore on a read-only mapping; None where unavailable)."""
     try:
-        import ctypes
-        import mmap
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         resident = pages = 0
@@ -322,8 +348,6 @@ def cached_fraction(files: list[Path]) -> float | None:
 
 def measured(shards: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
     """Labels of a full epoch through real DataLoaders (decode off), against the label-only model."""
-    from imagenet_parquet import ParquetImageDataset
-
     counts = np.full(args.classes, args.per_class)
     results: dict[str, Any] = {"rows": int(counts.sum()), "paths": {}}
     for layout, split in shards.items():
@@ -336,14 +360,18 @@ def measured(shards: dict[str, Path], args: argparse.Namespace) -> dict[str, Any
                 if path != "shuffle":  # torch's RandomSampler draws from torch's RNG: no model to compare
                     model = loader_batches(path, starts, batch, args.workers)
                     match &= len(model) == len(got[batch]) and all(
-                        np.array_equal(labels[m], g) for m, g in zip(model, got[batch], strict=False))
+                        np.array_equal(labels[m], g) for m, g in zip(model, got[batch], strict=False)
+                    )
             seen = np.concatenate(got[args.batches[0]])
             assert np.array_equal(np.bincount(seen, minlength=args.classes), counts), (layout, name, "not one epoch")
             result = mixing(got, counts)
             result["matches_model"] = None if path == "shuffle" else bool(match)
             results["paths"][f"{layout}|{name}"] = result
-            print(f"  measured {layout:6s} {name:32s} ratio@{args.batches[0]} "
-                  f"{result['distinct'][str(args.batches[0])]['ratio']:.3f}", flush=True)
+            print(
+                f"  measured {layout:6s} {name:32s} ratio@{args.batches[0]} "
+                f"{result['distinct'][str(args.batches[0])]['ratio']:.3f}",
+                flush=True,
+            )
     return results
 
 
@@ -369,22 +397,20 @@ def throughput(shards: dict[str, Path], args: argparse.Namespace) -> dict[str, A
                     slot[f"{cache}_per_cpu"] = max(slot[f"{cache}_per_cpu"], per_cpu)
                     if cache == "cold" and resident is not None:
                         slot["cached_after_evict"] = max(slot.get("cached_after_evict", 0.0), resident)
-                    print(f"  #{round_} {cache} {layout:6s} {name:32s} {rate:7.0f} img/s {per_cpu:7.0f} img/CPU-s"
-                          + (f" (cached after evict: {resident:.0%})" if cache == "cold" and resident is not None
-                             else ""), flush=True)
+                    print(
+                        f"  #{round_} {cache} {layout:6s} {name:32s} {rate:7.0f} img/s {per_cpu:7.0f} img/CPU-s"
+                        + (
+                            f" (cached after evict: {resident:.0%})" if cache == "cold" and resident is not None else ""
+                        ),
+                        flush=True,
+                    )
     return {"images": images, "batch": batch, "paths": best}
-
-
-def _cpu_seconds() -> float:
-    """CPU time of this process plus its reaped children (the DataLoader workers, once shut down)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def timed_pass(loader: Any, images: int) -> tuple[float, float]:
     """(images/s, images per CPU-second: main process + workers, robust to other users' load) of the first
     `images` images of a pass (worker start included, as in training)."""
-    cpu, started, seen = _cpu_seconds(), time.perf_counter(), 0
+    cpu, started, seen = cpu_seconds(), time.perf_counter(), 0
     iterator = iter(loader)
     for x, _ in iterator:
         assert x.shape[1:] == (3, 32, 32)
@@ -394,7 +420,7 @@ def timed_pass(loader: Any, images: int) -> tuple[float, float]:
     wall = time.perf_counter() - started
     del iterator  # shuts the workers down (joined: their CPU time is in RUSAGE_CHILDREN)
     assert seen == images, (seen, images)
-    return seen / wall, seen / (_cpu_seconds() - cpu)
+    return seen / wall, seen / (cpu_seconds() - cpu)
 
 
 # ---------------------------------------------------------------- report
@@ -405,8 +431,9 @@ def mixing_table(title: str, res: dict[str, Any], batches: list[int], model_colu
     print("|---|---|" + "---:|" * (len(batches) + 1) + ("---|" if model_column else ""))
     for key, r in res["paths"].items():
         layout, name = key.split("|")
-        cells = " | ".join(f"{r['distinct'][str(b)]['ratio']:.3f} ({r['distinct'][str(b)]['worst_ratio']:.2f})"
-                           for b in batches)
+        cells = " | ".join(
+            f"{r['distinct'][str(b)]['ratio']:.3f} ({r['distinct'][str(b)]['worst_ratio']:.2f})" for b in batches
+        )
         model = ""
         if model_column:
             model = " n/a |" if r["matches_model"] is None else (" yes |" if r["matches_model"] else " NO |")
@@ -414,10 +441,14 @@ def mixing_table(title: str, res: dict[str, Any], batches: list[int], model_colu
 
 
 def throughput_table(res: dict[str, Any]) -> None:
-    print(f"\nThroughput: {res['images']} images per pass, batch {res['batch']}, decode on (draft_size=64); "
-          "best of the rounds; img/CPU-s counts the main process + workers\n")
-    print("| cache | path | class img/s | hashed img/s | hashed/class | class img/CPU-s | hashed img/CPU-s | "
-          "hashed/class | cached after evict (class, hashed) |")
+    print(
+        f"\nThroughput: {res['images']} images per pass, batch {res['batch']}, decode on (draft_size=64); "
+        "best of the rounds; img/CPU-s counts the main process + workers\n"
+    )
+    print(
+        "| cache | path | class img/s | hashed img/s | hashed/class | class img/CPU-s | hashed img/CPU-s | "
+        "hashed/class | cached after evict (class, hashed) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for cache in ("cold", "warm"):
         for name in PATHS:
@@ -425,20 +456,26 @@ def throughput_table(res: dict[str, Any]) -> None:
             cpu = f"{cache}_per_cpu"
             left = [r.get("cached_after_evict", float("nan")) for r in (c, h)]
             evicted = f"{left[0]:.0%}, {left[1]:.0%}" if cache == "cold" else ""
-            print(f"| {cache} | {name} | {c[cache]:.0f} | {h[cache]:.0f} | {h[cache] / c[cache]:.2f} | {c[cpu]:.0f} | "
-                  f"{h[cpu]:.0f} | {h[cpu] / c[cpu]:.2f} | {evicted} |")
+            print(
+                f"| {cache} | {name} | {c[cache]:.0f} | {h[cache]:.0f} | {h[cache] / c[cache]:.2f} | {c[cpu]:.0f} | "
+                f"{h[cpu]:.0f} | {h[cpu] / c[cpu]:.2f} | {evicted} |"
+            )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--per-class", type=int, default=26, help="images per class in the measured shards")
     parser.add_argument("--row-group-rows", type=int, default=100)
-    parser.add_argument("--sim-shard-rows", type=int, default=2327,
-                        help="rows per shard (256 MB shards of ~110 KB ImageNet JPEGs)")
+    parser.add_argument(
+        "--sim-shard-rows", type=int, default=2327, help="rows per shard (256 MB shards of ~110 KB ImageNet JPEGs)"
+    )
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batches", default="256,64", help="batch sizes; the first one is used for throughput "
-                        "and the label sequence of the autocorrelation")
+    parser.add_argument(
+        "--batches",
+        default="256,64",
+        help="batch sizes; the first one is used for throughput and the label sequence of the autocorrelation",
+    )
     parser.add_argument("--images-for-throughput", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=4, help="throughput rounds, interleaved; the best counts")
     parser.add_argument("--no-full-scale", action="store_true", help="skip the label-only ImageNet-1k table")
@@ -446,25 +483,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the shards (deleted at the end by default)")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
+    return args
 
-    import torch
 
-    from imagenet_parquet import ParquetImageDataset
-
-    started = time.perf_counter()
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {Path('/proc/loadavg').read_text().split()[:3]}")
-    results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+def measure_shards(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Write the shards of both layouts, then the measured mixing and the throughput into `results`."""
     shards_root = args.work / "shards"
     shutil.rmtree(shards_root, ignore_errors=True)
     try:
         t = time.perf_counter()
         shards = build_shards(shards_root, args)
-        mb = sum(f.stat().st_size for f in shards_root.rglob("*.parquet")) / 2e6
+        mb = sum(f.stat().st_size for f in sorted(shards_root.rglob("*.parquet"))) / 2e6
         starts = [ParquetImageDataset(split, decode=False).index.starts for split in shards.values()]
         results["same_row_groups"] = same = bool(np.array_equal(starts[0], starts[-1]))
-        print(f"shards: {args.classes} x {args.per_class} rows per layout, {mb:.1f} MB each, {len(starts[0]) - 1} "
-              f"row groups; the same row-group sizes in both layouts (so the same epoch order of row positions, "
-              f"the same reads): {'yes' if same else 'NO'}; {time.perf_counter() - t:.1f} s", flush=True)
+        print(
+            f"shards: {args.classes} x {args.per_class} rows per layout, {mb:.1f} MB each, {len(starts[0]) - 1} "
+            f"row groups; the same row-group sizes in both layouts (so the same epoch order of row positions, "
+            f"the same reads): {'yes' if same else 'NO'}; {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
         t = time.perf_counter()
         results["measured"] = measured(shards, args)
         print(f"measured mixing: {time.perf_counter() - t:.1f} s", flush=True)
@@ -474,20 +511,41 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(shards_root, ignore_errors=True)
+
+
+def print_tables(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    if "label_only" in results:
+        lo = results["label_only"]
+        mixing_table(
+            f"Label-only model, ImageNet-1k scale: {lo['rows']} rows, {lo['classes']} classes of "
+            f"{lo['counts_min']}..{lo['counts_max']}, {lo['row_groups']} row groups of "
+            f"{args.row_group_rows}, {args.workers} workers",
+            lo,
+            args.batches,
+            False,
+        )
+    m = results["measured"]
+    mixing_table(
+        f"Measured, real DataLoaders ({args.workers} workers): {m['rows']} rows, {args.classes} classes x "
+        f"{args.per_class}, row groups of {args.row_group_rows}",
+        m,
+        args.batches,
+        True,
+    )
+    throughput_table(results["throughput"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {loadavg().split()}")
+    results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    measure_shards(args, results)
     if not args.no_full_scale:
         t = time.perf_counter()
         results["label_only"] = label_only(args)
         print(f"label-only model at ImageNet-1k scale: {time.perf_counter() - t:.1f} s", flush=True)
-
-    if "label_only" in results:
-        lo = results["label_only"]
-        mixing_table(f"Label-only model, ImageNet-1k scale: {lo['rows']} rows, {lo['classes']} classes of "
-                     f"{lo['counts_min']}..{lo['counts_max']}, {lo['row_groups']} row groups of "
-                     f"{args.row_group_rows}, {args.workers} workers", lo, args.batches, False)
-    m = results["measured"]
-    mixing_table(f"Measured, real DataLoaders ({args.workers} workers): {m['rows']} rows, {args.classes} classes x "
-                 f"{args.per_class}, row groups of {args.row_group_rows}", m, args.batches, True)
-    throughput_table(results["throughput"])
+    print_tables(args, results)
     results["seconds"] = time.perf_counter() - started
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True), encoding="utf-8")

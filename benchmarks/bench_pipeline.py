@@ -10,26 +10,27 @@ fresh copy of the project (this working tree, and with --baseline-rev an older c
 design: `near_duplicates_max_pairs` is left as it is). `--check-mirror` fingerprints a mirror's images instead
 and prints the near-duplicate pairs validate would find.
 
-Each stage command runs under a small wrapper (this file, `--wrap-stage`) that drops the page cache of the
+Each stage command runs under a small wrapper (benchmarks/stage_probe.py) that drops the page cache of the
 mirror and the project's data (posix_fadvise DONTNEED: a cold cache, as for a dataset larger than RAM) and
 records the stage's process tree: wall, CPU, bytes read from disk / through read(), bytes written, peak RSS of
 its largest process, and DVC's own CPU and I/O between stages. A thread samples the disk used by the project
 and the mirror (every inode once) for the high-water mark. `md5sum` and `cp` of the same archives are timed cold
 in the same run. Prints markdown tables and a projection to ImageNet-1k (1,331,167 images) for 2 and 16 cores.
 
-    python benchmarks/bench_pipeline.py --images 40000 [--fixed-images 4000] [--baseline-rev REV] [--keep]
+    python -m benchmarks.bench_pipeline --images 40000 [--fixed-images 4000] [--baseline-rev REV] [--keep]
         [--variant convert.order=class]   # also this tree with a params override, side by side
-    python benchmarks/bench_pipeline.py --report benchmarks/_work/pipeline-results.json   # print a saved run again
-    python benchmarks/bench_pipeline.py --images 4000 --check-mirror [DIR]   # the mirror's near-duplicate pairs
+    python -m benchmarks.bench_pipeline --report benchmarks/_work/pipeline-results.json   # print a saved run again
+    python -m benchmarks.bench_pipeline --images 4000 --check-mirror [DIR]   # the mirror's near-duplicate pairs
 """
+
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,186 +40,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import yaml
+
+from benchmarks import mirror as variants
+from benchmarks.common import IO_KEYS, REPO, SAMPLES, cpu_children, cpu_seconds, evict_tree, proc_io
+from tasks.acquire import sample
+from tasks.common import ARCHIVES
+from tests.helpers.project import copy_project
+from tests.helpers.servers import isolate_prefect
+
 WORK = REPO / "benchmarks" / "_work" / "pipeline"
-SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
 RESULTS = REPO / "benchmarks" / "_work" / "pipeline-results.json"
 IMAGENET_IMAGES = 1_331_167  # ILSVRC2012 train + val
-STAGES = ("download", "verify", "extract", "convert", "validate")
-IO_KEYS = ("rchar", "wchar", "read_bytes", "write_bytes")
-
-
-# ---------------------------------------------------------------- the per-stage wrapper (runs inside dvc repro)
-def proc_io(pid: int | str = "self") -> dict[str, int]:
-    """/proc/<pid>/io: the process and every child it has reaped (the kernel folds a reaped child's counts in)."""
-    rows = (line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return {k: int(v) for k, v in rows if k in IO_KEYS}
-
-
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of the process itself (all its threads, not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def dvc_pid() -> int | None:
-    pid = os.getppid()
-    while pid > 1:
-        if b"dvc" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return pid
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    return None
-
-
-def drop_cache(roots: list[Path]) -> None:
-    """Drop the page cache of every regular file under roots (clean pages only: dirty ones are written first)."""
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    os.fdatasync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
-
-
-def dvc_snapshot(pid: int | None) -> dict[str, float]:
-    if pid is None:
-        return {}
-    return {"cpu": proc_cpu(pid), **proc_io(pid)}
-
-
-class TreeWatch(threading.Thread):
-    """Samples every thread of a process tree (the stage; a shared Prefect server's keeper left out) every `every`
-    s: per-thread I/O and CPU counters (they exclude reaped children, so nothing is counted twice) and each
-    process's VmHWM. Totals are the last values seen: what a thread did in its last `every` s is missed."""
-
-    def __init__(self, root: int, every: float = 0.2) -> None:
-        super().__init__(daemon=True)
-        self.root, self.every, self.stop = root, every, threading.Event()
-        self.threads: dict[tuple[int, int, str], dict[str, float]] = {}
-        self.hwm: dict[int, int] = {}
-        self.own: dict[str, int] = {}
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            self.sample()
-            self.stop.wait(self.every)
-        self.own = proc_io("thread-self")  # this thread's own reads of /proc: not the stage's
-
-    def sample(self) -> None:
-        for pid in descendants(self.root):
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-                hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")), 0)
-                self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                    row: dict[str, float] = dict(proc_io(f"{pid}/task/{tid}"))
-                    row["cpu"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-                    self.threads[(pid, int(tid), stat[19])] = row  # (pid, tid, start time): pids are reused
-            except (OSError, StopIteration, IndexError, ValueError):
-                continue
-
-    def totals(self) -> dict[str, float]:
-        keys = ("cpu", *IO_KEYS)
-        return {**{k: sum(t.get(k, 0) for t in self.threads.values()) for k in keys},
-                "maxrss": max(self.hwm.values(), default=0)}
-
-
-def descendants(root: int) -> list[int]:
-    """root and every process below it, except a shared Prefect server's keeper and what it started."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            if b"prefect_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-        except OSError:
-            continue
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def run_watched(cmd: list[str]) -> tuple[int, dict[str, float]]:
-    """Run cmd as a child subreaper (descendants orphaned on the way stay in the tree, and are reaped here) and
-    sample its tree. Each figure is the larger of what the kernel folded into this process on reaping and the
-    sum of the samples (the first misses nothing when every process is reaped along the tree; the second only
-    each thread's last 0.2 s)."""
-    import ctypes
-
-    ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-    before = proc_io()
-    proc = subprocess.Popen(cmd)
-    watch = TreeWatch(proc.pid)
-    watch.start()
-    rc = proc.wait()
-    while [p for p in descendants(os.getpid()) if p != os.getpid()]:  # orphans left behind (a forkserver, ...)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(-1, os.WNOHANG)
-        time.sleep(0.05)
-    watch.stop.set()
-    watch.join()
-    after, sampled = proc_io(), watch.totals()
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    reaped = {"cpu": usage.ru_utime + usage.ru_stime,
-              **{k: after[k] - before[k] - watch.own.get(k, 0) for k in IO_KEYS}}
-    return rc, {**sampled, **{k: max(v, sampled[k]) for k, v in reaped.items()}}
-
-
-def _own_and_reaped_cpu() -> float:
-    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(u.ru_utime + u.ru_stime for u in used)
-
-
-def wrap_stage(argv: list[str]) -> int:
-    """`--wrap-stage NAME RECORD MIRROR -- CMD...`: run CMD cold, append its measurements to RECORD (JSON lines)."""
-    name, record, mirror, sep, *cmd = argv
-    assert sep == "--" and cmd, argv
-    drop_cache([Path("data"), Path(".dvc") / "cache", Path(mirror)])
-    parent = dvc_pid()
-    before_dvc, start = dvc_snapshot(parent), time.time()
-    rc, tree = run_watched(cmd)
-    end, after_dvc = time.time(), dvc_snapshot(parent)
-    # what DVC's /proc/<pid>/io will have folded in once it reaps this process: subtracted from DVC's own
-    row = {"stage": name, "start": start, "end": end, "rc": rc, **tree, "dvc_before": before_dvc,
-           "dvc_after": after_dvc, "folded": {**proc_io(), "cpu": _own_and_reaped_cpu()}}
-    with open(record, "a", encoding="utf-8") as out:
-        out.write(json.dumps(row) + "\n")
-    return rc
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--wrap-stage"]:
-    raise SystemExit(wrap_stage(sys.argv[2:]))
-
-# ---------------------------------------------------------------- the mirror
-sys.path.insert(0, str(REPO))
-from tests.helpers.servers import isolate_prefect  # noqa: E402
-
-isolate_prefect()  # a fresh PREFECT_HOME for every stage (before anything imports prefect)
-
-import yaml  # noqa: E402
-
-from benchmarks import mirror as variants  # noqa: E402
-from tasks.acquire import sample  # noqa: E402
-from tasks.common import ARCHIVES  # noqa: E402
+Refs = dict[str, dict[str, Any]]  # md5sum / cp of the archives: name -> figures
 
 
 def build_mirror(images: int) -> tuple[Path, int]:
@@ -229,11 +63,13 @@ def build_mirror(images: int) -> tuple[Path, int]:
     out = WORK / f"mirror-v{variants.VERSION}-{classes}x{train}+{val}"
     if not (out / sample.MD5_TABLE).exists():
         shutil.rmtree(out, ignore_errors=True)
-        start, cpu = time.perf_counter(), _own_and_reaped_cpu()
+        start, cpu = time.perf_counter(), cpu_seconds()
         with variants.variant_images(workers=min(2, len(os.sched_getaffinity(0)))):
             sample.write_sample(out, classes=classes, train_per_class=train, val_per_class=val, real_images=SAMPLES)
-        print(f"mirror {out.name}: built in {time.perf_counter() - start:.0f} s wall, "
-              f"{_own_and_reaped_cpu() - cpu:.0f} CPU s", flush=True)
+        print(
+            f"mirror {out.name}: built in {time.perf_counter() - start:.0f} s wall, {cpu_seconds() - cpu:.0f} CPU s",
+            flush=True,
+        )
     return out, classes * (train + val)
 
 
@@ -243,15 +79,14 @@ def project_at(rev: str | None, dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     if rev is None:
-        from tests.helpers.project import copy_project
-
         return copy_project(dest)
     archive = subprocess.run(["git", "archive", rev], cwd=REPO, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
-    subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@127.0.0.1", "commit", "-qm", rev], cwd=dest,
-                   check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=b", "-c", "user.email=b@127.0.0.1", "commit", "-qm", rev], cwd=dest, check=True
+    )
     return dest
 
 
@@ -265,7 +100,9 @@ def prepare(project: Path, mirror: Path, record: Path, overrides: dict[str, str]
     params["verify"]["checksums"] = str(mirror / sample.MD5_TABLE)
     params["validate"]["train_count"] = [1, 1300]
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    wrap = f"python {Path(__file__).resolve()} --wrap-stage \\2 {record} {mirror} -- \\1"
+    # the probe imports this checkout's benchmarks package; the stage it runs, the copy's own code
+    probe = f"env PYTHONPATH={shlex.quote(str(REPO))} python -m benchmarks.stage_probe"
+    wrap = f"{probe} \\2 {record} {mirror} -- \\1"
     stage_cmd = r"cmd: ((?:scripts/)?python -m flows\.(\w+))"  # scripts/python since issue 14
     dvc = re.sub(stage_cmd, "cmd: " + wrap, (project / "dvc.yaml").read_text())
     (project / "dvc.yaml").write_text(dvc)
@@ -281,8 +118,9 @@ class DiskWatch(threading.Thread):
     def used(self) -> int:
         seen: dict[tuple[int, int], int] = {}
         for root in self.roots:
-            for dirpath, _dirnames, filenames in os.walk(root):
-                for name in filenames:
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames.sort()
+                for name in sorted(filenames):
                     try:
                         st = os.lstat(os.path.join(dirpath, name))
                     except OSError:
@@ -300,31 +138,30 @@ def warm_server(env: dict[str, str]) -> dict[str, float]:
     start (~5-20 s, once per pipeline run) is not charged to whichever stage happens to come first in whichever
     variant runs first: the keeper then serves every run of every variant alike. Returns its wall and CPU."""
     code = "from tasks.common.prefect_server import shared_server\nwith shared_server():\n    pass\n"
-    usage, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    cpu, start = cpu_children(), time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall": time.perf_counter() - start, "cpu": used.ru_utime + used.ru_stime - usage.ru_utime - usage.ru_stime}
+    return {"wall": time.perf_counter() - start, "cpu": cpu_children() - cpu}
 
 
 def dvc_repro(project: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
-    before, usage, start = proc_io(), resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+    before, cpu, start = proc_io(), cpu_children(), time.time()
     with open(log, "wb") as out:
-        rc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=project, env=env, stdout=out,
-                            stderr=subprocess.STDOUT).returncode
-    end, after, used = time.time(), proc_io(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        rc = subprocess.run(
+            [sys.executable, "-m", "dvc", "repro"], cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT
+        ).returncode
+    end, after, cpu = time.time(), proc_io(), cpu_children() - cpu
     if rc:
         raise SystemExit(f"dvc repro failed (rc {rc}) in {project}; its output:\n{log.read_text()[-4000:]}")
-    cpu = used.ru_utime + used.ru_stime - usage.ru_utime - usage.ru_stime
     return {"start": start, "end": end, "cpu": cpu, **{k: after[k] - before[k] for k in IO_KEYS}}
 
 
 def timed_cold(cmd: list[str], mirror: Path) -> dict[str, Any]:
-    drop_cache([mirror])
-    before, usage, start = proc_io(), resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    evict_tree([mirror])
+    before, cpu, start = proc_io(), cpu_children(), time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    wall, after, used = time.perf_counter() - start, proc_io(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = used.ru_utime + used.ru_stime - usage.ru_utime - usage.ru_stime
-    return {"wall": wall, "cpu": cpu, "maxrss": used.ru_maxrss * 1024, **{k: after[k] - before[k] for k in IO_KEYS}}
+    wall, after, cpu = time.perf_counter() - start, proc_io(), cpu_children() - cpu
+    maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"wall": wall, "cpu": cpu, "maxrss": maxrss, **{k: after[k] - before[k] for k in IO_KEYS}}
 
 
 def reference_rows(mirror: Path) -> dict[str, dict[str, Any]]:
@@ -340,8 +177,9 @@ def reference_rows(mirror: Path) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- one run and its rows
-def run_variant(label: str, rev: str | None, mirror: Path, env: dict[str, str],
-                overrides: dict[str, str] | None = None) -> dict[str, Any]:
+def run_variant(
+    label: str, rev: str | None, mirror: Path, env: dict[str, str], overrides: dict[str, str] | None = None
+) -> dict[str, Any]:
     project = project_at(rev, WORK / f"project-{label}")
     record = WORK / f"stages-{label}.jsonl"
     record.unlink(missing_ok=True)
@@ -359,8 +197,7 @@ def run_variant(label: str, rev: str | None, mirror: Path, env: dict[str, str],
     stages = [json.loads(line) for line in record.read_text().splitlines()]
     shards = sum(p.stat().st_size for p in (project / "data" / "parquet").rglob("*.parquet"))
     shutil.rmtree(project)
-    return {"stages": stages, "total": total, "disk_high": high, "disk_base": base, "shards": shards,
-            "server": server}
+    return {"stages": stages, "total": total, "disk_high": high, "disk_base": base, "shards": shards, "server": server}
 
 
 def stage_rows(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -371,8 +208,12 @@ def stage_rows(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     prev_io = dict.fromkeys(IO_KEYS, 0)
     for st in stages:
         dvc = st["dvc_before"] or prev_dvc
-        gap = {"wall": st["start"] - prev_end, "cpu": dvc["cpu"] - prev_dvc["cpu"], "maxrss": 0,
-               **{k: dvc[k] - prev_dvc[k] - prev_io[k] for k in IO_KEYS}}
+        gap = {
+            "wall": st["start"] - prev_end,
+            "cpu": dvc["cpu"] - prev_dvc["cpu"],
+            "maxrss": 0,
+            **{k: dvc[k] - prev_dvc[k] - prev_io[k] for k in IO_KEYS},
+        }
         rows.append((f"dvc: {prev_name} -> {st['stage']}", gap))
         rows.append((st["stage"], {"wall": st["end"] - st["start"], **st}))
         prev_end, prev_dvc, prev_name = st["end"], st["dvc_after"] or dvc, st["stage"]
@@ -390,37 +231,41 @@ def marginal(big: dict[str, Any], small: dict[str, Any] | None, key: str, frac: 
     figure when no small run was made."""
     if small is None:
         return float(big[key])
-    return max(0.0, (big[key] - small[key]) / (1 - frac))
+    return max(0.0, float(big[key] - small[key]) / (1 - frac))
 
 
-def project_wall(big: dict[str, Any], small: dict[str, Any] | None, frac: float, scale: float, cores: int,
-                 have: int) -> float:
+def project_wall(
+    big: dict[str, Any], small: dict[str, Any] | None, frac: float, scale: float, cores: int, have: int
+) -> float:
     """Minutes for ImageNet-1k: the fixed part (the small run, minus its per-image share) plus the per-image part
     scaled by `scale` (ImageNet-1k images / big images), on `cores` by Amdahl with the parallel fraction implied
     by the per-image part's CPU/wall on the `have` cores of this machine."""
     per_image = marginal(big, small, "wall", frac)
-    fixed = max(0.0, big["wall"] - per_image)
+    fixed = max(0.0, float(big["wall"]) - per_image)
     use = marginal(big, small, "cpu", frac) / per_image if per_image > 0 else 1.0
     par = min(1.0, max(0.0, have / (have - 1) * (1 - 1 / max(use, 1e-9)))) if have > 1 else 0.0
     serial = per_image * scale / ((1 - par) + par / have)
     return (fixed + serial * ((1 - par) + par / cores)) / 60
 
 
-def fmt_row(name: str, r: dict[str, Any], small: dict[str, Any] | None, fit: tuple[float, float, float],
-            have: int) -> str:
+def fmt_row(
+    name: str, r: dict[str, Any], small: dict[str, Any] | None, fit: tuple[float, float, float], have: int
+) -> str:
     frac, scale, data = fit
     proj2, proj16 = (project_wall(r, small, frac, scale, c, have) for c in (2, 16))
     use = r["cpu"] / r["wall"] if r["wall"] > 0 else 0
     reads, writes = (marginal(r, small, k, frac) / data for k in ("rchar", "wchar"))
-    return (f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {use:.2f} | {r['read_bytes'] / 1e6:.0f} | "
-            f"{reads:.2f} | {r['write_bytes'] / 1e6:.0f} | {writes:.2f} | {r.get('maxrss', 0) / 1e6:.0f} | "
-            f"{proj2:.1f} | {proj16:.1f} | {project_cpu(r, small, frac, scale):.1f} |")
+    return (
+        f"| {name} | {r['wall']:.1f} | {r['cpu']:.1f} | {use:.2f} | {r['read_bytes'] / 1e6:.0f} | "
+        f"{reads:.2f} | {r['write_bytes'] / 1e6:.0f} | {writes:.2f} | {r.get('maxrss', 0) / 1e6:.0f} | "
+        f"{proj2:.1f} | {proj16:.1f} | {project_cpu(r, small, frac, scale):.1f} |"
+    )
 
 
 def project_cpu(big: dict[str, Any], small: dict[str, Any] | None, frac: float, scale: float) -> float:
     """CPU minutes for ImageNet-1k (fixed + per-image part scaled): the figure a busy machine does not bend."""
     per_image = marginal(big, small, "cpu", frac)
-    return (max(0.0, big["cpu"] - per_image) + per_image * scale) / 60
+    return (max(0.0, float(big["cpu"]) - per_image) + per_image * scale) / 60
 
 
 def table(label: str, runs: dict[str, dict[str, Any]], refs: dict[str, dict[str, Any]], have: int) -> str:
@@ -434,9 +279,14 @@ def table(label: str, runs: dict[str, dict[str, Any]], refs: dict[str, dict[str,
     small_total = {k: sum(r[k] for r in small_rows.values()) for k in total} if small else None
     total["maxrss"] = max(r["maxrss"] for _, r in rows)
     fixed = f", fixed cost from a {small['images']:,}-image run" if small else ""
-    lines = [f"\n### {label}: `dvc repro`, {images:,} images, archives {data / 1e9:.2f} GB, {have} CPUs{fixed}\n",
-             ("| step | wall s | CPU s | CPU/wall | disk read MB | read() passes | written MB | write passes "
-              "| peak RSS MB | ImageNet-1k min, 2 cores | 16 cores | CPU min |"), "|---|" + "---:|" * 11]
+    lines = [
+        f"\n### {label}: `dvc repro`, {images:,} images, archives {data / 1e9:.2f} GB, {have} CPUs{fixed}\n",
+        (
+            "| step | wall s | CPU s | CPU/wall | disk read MB | read() passes | written MB | write passes "
+            "| peak RSS MB | ImageNet-1k min, 2 cores | 16 cores | CPU min |"
+        ),
+        "|---|" + "---:|" * 11,
+    ]
     lines += [fmt_row(n, r, small_rows.get(n), fit, have) for n, r in rows]
     lines.append(fmt_row("**whole dvc repro**", total, small_total, fit, have))
     lines += [fmt_row(n, r, None, (0.0, fit[1], data), have) for n, r in refs.items()]
@@ -447,17 +297,23 @@ def table(label: str, runs: dict[str, dict[str, Any]], refs: dict[str, dict[str,
     high, shards = big["disk_high"], big["shards"]
     dvc_cpu = sum(r["cpu"] for n, r in rows if n.startswith("dvc:"))
     reads, writes = (marginal(total, small_total, k, frac) / fit[2] for k in ("rchar", "wchar"))
-    lines += ["", "| figure | value |", "|---|---:|",
-              f"| whole dvc repro / md5sum of the archives, 2 cores (projected) | {p2 / m2:.2f}x |",
-              f"| whole dvc repro / md5sum of the archives, 16 cores (projected) | {p16 / m16:.2f}x |",
-              f"| whole dvc repro / md5sum of the archives, CPU (projected) | {cpu / md5_cpu:.2f}x |",
-              (f"| disk high-water (archives + project) | {high / 1e9:.2f} GB (+{(high - big['disk_base']) / 1e9:.2f})"
-               " |"), f"| disk high-water / (archives + shards) | {high / (data + shards):.2f} |",
-              f"| read() passes / write passes over the image bytes (per-image part) | {reads:.2f} / {writes:.2f} |",
-              f"| DVC's own share of all CPU | {100 * dvc_cpu / total['cpu']:.0f} % |"]
+    lines += [
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| whole dvc repro / md5sum of the archives, 2 cores (projected) | {p2 / m2:.2f}x |",
+        f"| whole dvc repro / md5sum of the archives, 16 cores (projected) | {p16 / m16:.2f}x |",
+        f"| whole dvc repro / md5sum of the archives, CPU (projected) | {cpu / md5_cpu:.2f}x |",
+        (f"| disk high-water (archives + project) | {high / 1e9:.2f} GB (+{(high - big['disk_base']) / 1e9:.2f}) |"),
+        f"| disk high-water / (archives + shards) | {high / (data + shards):.2f} |",
+        f"| read() passes / write passes over the image bytes (per-image part) | {reads:.2f} / {writes:.2f} |",
+        f"| DVC's own share of all CPU | {100 * dvc_cpu / total['cpu']:.0f} % |",
+    ]
     if "server" in big:  # runs saved before warm_server have none
-        lines.append(f"| Prefect server start or reuse before the run, not in the rows above (once per pipeline run) "
-                     f"| {big['server']['wall']:.1f} s wall, {big['server']['cpu']:.1f} CPU s |")
+        lines.append(
+            f"| Prefect server start or reuse before the run, not in the rows above (once per pipeline run) "
+            f"| {big['server']['wall']:.1f} s wall, {big['server']['cpu']:.1f} CPU s |"
+        )
     return "\n".join(lines)
 
 
@@ -466,12 +322,17 @@ def compare_stage(results: dict[str, dict[str, dict[str, Any]]], stage: str) -> 
     first = next(iter(results))
     rows = {label: dict(stage_rows(runs["big"]))[stage] for label, runs in results.items()}
     data = results[first]["big"]["data"]
-    lines = [f"\n### {stage}, each variant beside `{first}` (the {results[first]['big']['images']:,}-image run)\n",
-             "| variant | wall s | ÷ first | CPU s | ÷ first | read() passes |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"\n### {stage}, each variant beside `{first}` (the {results[first]['big']['images']:,}-image run)\n",
+        "| variant | wall s | ÷ first | CPU s | ÷ first | read() passes |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     base = rows[first]
     for label, r in rows.items():
-        lines.append(f"| {label} | {r['wall']:.1f} | {r['wall'] / base['wall']:.2f} | {r['cpu']:.1f} | "
-                     f"{r['cpu'] / base['cpu']:.2f} | {r['rchar'] / data:.2f} |")
+        lines.append(
+            f"| {label} | {r['wall']:.1f} | {r['wall'] / base['wall']:.2f} | {r['cpu']:.1f} | "
+            f"{r['cpu'] / base['cpu']:.2f} | {r['rchar'] / data:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -489,38 +350,51 @@ def check_mirror(given: Path | None, images: int, keep: bool) -> None:
             shutil.rmtree(mirror)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=4000, help="images in the mirror (train + val)")
-    parser.add_argument("--fixed-images", type=int, default=None,
-                        help="a second, smaller mirror whose run gives the fixed cost of each step (0: none; default "
-                             "images / 10, at least 200: large enough that both runs take the same code paths)")
+    parser.add_argument(
+        "--fixed-images",
+        type=int,
+        default=None,
+        help="a second, smaller mirror whose run gives the fixed cost of each step (0: none; default "
+        "images / 10, at least 200: large enough that both runs take the same code paths)",
+    )
     parser.add_argument("--baseline-rev", default=None, help="also run this git revision on the same mirrors")
-    parser.add_argument("--variant", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="also run this tree with a params.yaml override (repeatable: one variant each), e.g. "
-                        "convert.order=class")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="also run this tree with a params.yaml override (repeatable: one variant each), e.g. convert.order=class",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the mirrors under benchmarks/_work/pipeline")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a saved run (RESULTS) again")
-    parser.add_argument("--check-mirror", nargs="?", const="", default=None, metavar="DIR",
-                        help="fingerprint every image of the mirror at DIR (default: the --images mirror, built "
-                             "here) and print its near-duplicate pairs instead of running the pipeline")
-    args = parser.parse_args()
-    have = len(os.sched_getaffinity(0))
-    if args.report:
-        saved = json.loads(args.report.read_text())
-        for label, runs in saved["results"].items():
-            print(table(label, runs, saved["refs"], saved["cpus"]))
-        print(compare_stage(saved["results"], "convert"))
-        return
-    if not SAMPLES.is_dir():
-        raise SystemExit(f"{SAMPLES}: expected the folder of real ImageNet JPEGs, found nothing")
-    if args.check_mirror is not None:
-        check_mirror(Path(args.check_mirror) if args.check_mirror else None, args.images, args.keep)
-        return
-    WORK.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL")}
+    parser.add_argument(
+        "--check-mirror",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="fingerprint every image of the mirror at DIR (default: the --images mirror, built "
+        "here) and print its near-duplicate pairs instead of running the pipeline",
+    )
+    return parser.parse_args()
+
+
+def pipeline_env() -> dict[str, str]:
+    """The environment of every `dvc repro`: a fresh PREFECT_HOME, no Prefect server of the caller's, this
+    interpreter's bin/ first on PATH."""
+    isolate_prefect()  # a fresh PREFECT_HOME for every stage (before anything imports prefect)
+    # the stages import the project copy's code, as `dvc repro` does for a user: no PYTHONPATH into a checkout
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PYTHONPATH")}
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")  # a fresh database migrates first
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def run_all(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict[str, dict[str, dict[str, Any]]], Refs]:
+    """Every variant on the big mirror (and the small one): label -> "big"/"small" -> run; the reference rows."""
     if args.fixed_images is None:
         args.fixed_images = max(200, args.images // 10)
     sizes = {"big": args.images, **({"small": args.fixed_images} if 0 < args.fixed_images < args.images else {})}
@@ -529,6 +403,7 @@ def main() -> None:
     if args.baseline_rev:
         variants[f"baseline {args.baseline_rev}"] = (args.baseline_rev, {})
     results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in variants}
+    refs: Refs = {}
     try:
         for size, count in sizes.items():
             mirror, images = build_mirror(count)
@@ -544,10 +419,31 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(WORK, ignore_errors=True)
-    RESULTS.write_text(json.dumps({"results": results, "refs": refs, "cpus": have}, indent=1))
+    return results, refs
+
+
+def print_tables(results: dict[str, dict[str, dict[str, Any]]], refs: Refs, cpus: int) -> None:
     for label, runs in results.items():
-        print(table(label, runs, refs, have))
+        print(table(label, runs, refs, cpus))
     print(compare_stage(results, "convert"))
+
+
+def main() -> None:
+    args = parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        print_tables(saved["results"], saved["refs"], saved["cpus"])
+        return
+    if not SAMPLES.is_dir():
+        raise SystemExit(f"{SAMPLES}: expected the folder of real ImageNet JPEGs, found nothing")
+    if args.check_mirror is not None:
+        check_mirror(Path(args.check_mirror) if args.check_mirror else None, args.images, args.keep)
+        return
+    WORK.mkdir(parents=True, exist_ok=True)
+    have = len(os.sched_getaffinity(0))
+    results, refs = run_all(args, pipeline_env())
+    RESULTS.write_text(json.dumps({"results": results, "refs": refs, "cpus": have}, indent=1))
+    print_tables(results, refs, have)
     print(f"\n(raw figures: {RESULTS}; print again with --report {RESULTS})")
 
 

@@ -11,43 +11,41 @@ the tree) is rerun, committed, pushed and pulled, and the table shows per change
 split, MB newly stored in the DVC cache (overlay included), MB pushed, MB pulled by the node, and the rerun's wall
 and CPU seconds. benchmarks/bench_overlay.py measures curation versions with the overlay through every stage.
 
-    python benchmarks/bench_versions.py [--classes 50 --train-per-class 90 --val-per-class 10 --shard-mb 12]
+    python -m benchmarks.bench_versions [--classes 50 --train-per-class 90 --val-per-class 10 --shard-mb 12]
 """
+
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import resource
 import shutil
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tests.helpers.project import GIT, copy_project  # noqa: E402  (the tests' project copy)
-from tests.helpers.servers import isolate_prefect, prefect_server  # noqa: E402
-
-isolate_prefect()
-
-from tasks.common.synsets import shipped_synsets  # noqa: E402
+from benchmarks.common import (
+    REPO,
+    SAMPLES,
+    add_remote,
+    commit_push,
+    cpu_children,
+    dvc_env,
+    ruled,
+    run,
+    shard_md5s,
+    size_of,
+    unique_jpeg,
+    update_params,
+)
+from tasks.common.synsets import shipped_synsets
+from tests.helpers.project import copy_project
+from tests.helpers.servers import isolate_prefect, prefect_server
 
 VARIANTS = ("hashed", "class", "size")  # convert.order hashed / class (content layout), size layout (class order)
 
 WORK = REPO / "benchmarks" / "_work" / "versions"
-SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
 TARGETS = ["data/parquet", "data/overlay", "data/manifests", "data/label_map.json"]  # overlay: curation (issue 27)
-
-
-def unique_jpeg(data: bytes, tag: str) -> bytes:
-    """The same JPEG with a COM segment right after SOI: unique bytes, same pixels."""
-    payload = tag.encode()
-    return data[:2] + b"\xff\xfe" + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
 
 
 def write_class(tree: Path, wnid: str, counts: dict[str, int], samples: list[Path], start: int) -> int:
@@ -70,26 +68,6 @@ def build_tree(args: argparse.Namespace, wnids: list[str]) -> Path:
     return tree
 
 
-def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"{cmd} in {cwd} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    return out.stdout
-
-
-def size_of(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
-
-
-def shards(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
-    """split -> shard name -> (MD5, bytes)."""
-    return {
-        split: {p.name: (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
-                for p in sorted((project / "data/parquet" / split).glob("*.parquet"))}
-        for split in ("train", "val")
-    }
-
-
 def make_project(variant: str, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, Path]:
     base = WORK / variant
     shutil.rmtree(base, ignore_errors=True)
@@ -97,15 +75,14 @@ def make_project(variant: str, tree: Path, args: argparse.Namespace, env: dict[s
     if variant == "size":
         plan = project / "tasks/convert/plan.py"
         plan.write_text(plan.read_text().replace('layout: str = "content"', 'layout: str = "size"', 1))
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["convert"]["order"] = "hashed" if variant == "hashed" else "class"
-    params["extract"].update(mode="folder", folder=str(tree))
-    params["convert"]["shard_mb"] = args.shard_mb
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run(["dvc", "remote", "add", "-f", "-d", "local", str(base / "remote")], project, env)
-    run(["dvc", "config", "cache.type", "hardlink,copy"], project, env)
+    order = "hashed" if variant == "hashed" else "class"
+    update_params(
+        project,
+        {"convert": {"order": order, "shard_mb": args.shard_mb}, "extract": {"mode": "folder", "folder": str(tree)}},
+    )
+    add_remote(project, base / "remote", env)
     repro(project, env, [])
-    commit_push(project, env, "v0")
+    commit_push(project, env, "v0", TARGETS)
     node = base / "node"
     run(["git", "clone", "-q", str(project), str(node)], base, env)
     run(["dvc", "pull", *TARGETS], node, env)
@@ -113,19 +90,12 @@ def make_project(variant: str, tree: Path, args: argparse.Namespace, env: dict[s
 
 
 def repro(project: Path, env: dict[str, str], first: list[str]) -> tuple[float, float]:
-    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
+    """Wall and CPU seconds of `first` (a command, or []) then `dvc repro curate`."""
+    cpu, start = cpu_children(), time.perf_counter()
     if first:
         run(first, project, env)
     run(["dvc", "repro", "curate"], project, env)  # convert, then the curation overlay (issue 27)
-    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
-
-
-def commit_push(project: Path, env: dict[str, str], message: str) -> None:
-    run(["git", "add", "-A"], project, env)
-    run([*GIT, "commit", "-qm", message], project, env)
-    run(["dvc", "push", *TARGETS], project, env)
+    return time.perf_counter() - start, cpu_children() - cpu
 
 
 def curation_line(project: Path, kind: str, lines: list[str]) -> list[str]:
@@ -134,7 +104,10 @@ def curation_line(project: Path, kind: str, lines: list[str]) -> list[str]:
     return []
 
 
-def changes(wnids: list[str]) -> list[tuple[str, object]]:
+Edit = Callable[[Path], list[str]]
+
+
+def changes(wnids: list[str]) -> list[tuple[str, Edit]]:
     """Each change: (name, edit(project) -> a command to run before `dvc repro curate`, or [])."""
     w = wnids
     relabel = [f"train,{w[c]},{w[c]}_{i:05d}.JPEG,{w[30]},bench" for c in (5, 6) for i in range(50)]
@@ -149,12 +122,12 @@ def changes(wnids: list[str]) -> list[tuple[str, object]]:
     ]
 
 
-def measure(project: Path, node: Path, env: dict[str, str], name: str, edit) -> dict[str, object]:
-    old, cache = shards(project), size_of(project / ".dvc/cache")
+def measure(project: Path, node: Path, env: dict[str, str], name: str, edit: Edit) -> dict[str, Any]:
+    old, cache = shard_md5s(project), size_of(project / ".dvc/cache")
     remote, node_cache = size_of(project.parent / "remote"), size_of(node / ".dvc/cache")
     wall, cpu = repro(project, env, edit(project))  # edit: the files changed; returns a command to run first
-    new = shards(project)
-    commit_push(project, env, name)
+    new = shard_md5s(project)
+    commit_push(project, env, name, TARGETS)
     run(["git", "pull", "-q", "--no-rebase"], node, env)
     run(["dvc", "pull", *TARGETS], node, env)
     rewritten = {s: [n for n, m in new[s].items() if old[s].get(n) != m] for s in new}
@@ -176,31 +149,42 @@ def main() -> None:
     parser.add_argument("--val-per-class", type=int, default=10)
     parser.add_argument("--shard-mb", type=float, default=12)
     args = parser.parse_args()
+    isolate_prefect()
     wnids = sorted(shipped_synsets())
     tree = build_tree(args, wnids)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1"}
+    env = dvc_env()
     rows = []
     with prefect_server(WORK / "prefect.log") as env["PREFECT_API_URL"]:
         projects = {variant: make_project(variant, tree, args, env) for variant in VARIANTS}
         for name, edit in changes(wnids):
             if name == "add 1 class":
-                write_class(tree, wnids[args.classes], {"train": args.train_per_class, "val": args.val_per_class},
-                            sorted(SAMPLES.glob("*.JPEG")), 10**6)
+                write_class(
+                    tree,
+                    wnids[args.classes],
+                    {"train": args.train_per_class, "val": args.val_per_class},
+                    sorted(SAMPLES.glob("*.JPEG")),
+                    10**6,
+                )
             for layout, (project, node) in projects.items():
                 rows.append((name, layout, measure(project, node, env, name, edit)))
                 print(json.dumps(rows[-1]), flush=True)  # as it comes: a long run shows progress
     images = args.classes * (args.train_per_class + args.val_per_class)
-    print(f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
-          "each change on top of the previous version; dvc repro curate, push, node pull")
-    head = (f"{'change':<33}{'variant':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
-            f"{'pushed MB':>11}"
-            f"{'pulled MB':>11}{'wall s':>8}{'CPU s':>8}")
-    print(head + "\n" + "-" * len(head))
+    print(
+        f"\nversions: {images} images ({size_of(tree) / 1e6:.0f} MB), convert.shard_mb {args.shard_mb}; "
+        "each change on top of the previous version; dvc repro curate, push, node pull"
+    )
+    head = (
+        f"{'change':<33}{'variant':<9}{'train rewr.':>12}{'val rewr.':>10}{'rewr. MB':>10}{'cache MB':>10}"
+        f"{'pushed MB':>11}"
+        f"{'pulled MB':>11}{'wall s':>8}{'CPU s':>8}"
+    )
+    print(ruled(head))
     for name, layout, r in rows:
-        print(f"{name:<33}{layout:<9}{r['rewritten']['train']:>12}{r['rewritten']['val']:>10}"
-              f"{r['rewritten_mb']:>10.1f}{r['cache_mb']:>10.1f}"
-              f"{r['pushed_mb']:>11.1f}{r['pulled_mb']:>11.1f}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}")
+        print(
+            f"{name:<33}{layout:<9}{r['rewritten']['train']:>12}{r['rewritten']['val']:>10}"
+            f"{r['rewritten_mb']:>10.1f}{r['cache_mb']:>10.1f}"
+            f"{r['pushed_mb']:>11.1f}{r['pulled_mb']:>11.1f}{r['wall_s']:>8.1f}{r['cpu_s']:>8.1f}"
+        )
     (WORK / "results.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -18,7 +18,7 @@ len(WINDOWS) * 8 rounds the pixels repeat.
 
 Variants are encoded in a process pool (default 2 workers) a little ahead of the archive writer, in order: same
 folder and image count => byte-identical archives. `check_mirror` fingerprints every image of a built mirror
-(`python benchmarks/bench_pipeline.py --check-mirror`)."""
+(`python -m benchmarks.bench_pipeline --check-mirror`)."""
 
 from __future__ import annotations
 
@@ -26,16 +26,17 @@ import collections
 import contextlib
 import io
 import multiprocessing
-import struct
 import tarfile
 from collections.abc import Iterator
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from PIL import Image, ImageChops, JpegImagePlugin
 
+from benchmarks.common import md_table, unique_jpeg
 from tasks.acquire import sample
 from tasks.common import ARCHIVES
 from tasks.convert.fingerprint import fingerprint
@@ -74,6 +75,7 @@ def reencoded(data: bytes, k: int) -> bytes:
     """Variant k >= 1 of one JPEG's bytes, re-encoded like the source (quantisation tables, subsampling, ICC)."""
     (fx, fy), inverted, flip = transform(k)
     with Image.open(io.BytesIO(data)) as src:
+        assert isinstance(src, JpegImagePlugin.JpegImageFile), "a JPEG source"
         settings = {
             "qtables": src.quantization,
             "subsampling": JpegImagePlugin.get_sampling(src),
@@ -94,8 +96,7 @@ def variant(path: Path, k: int, serial: int) -> bytes:
     data = path.read_bytes()
     if k:
         data = reencoded(data, k)
-    text = COM_TEXT.format(version=VERSION, serial=serial, round=k, name=path.name).encode()
-    return data[:2] + b"\xff\xfe" + struct.pack(">H", len(text) + 2) + text + data[2:]
+    return unique_jpeg(data, COM_TEXT.format(version=VERSION, serial=serial, round=k, name=path.name))
 
 
 class VariantImages(sample._Images):
@@ -126,13 +127,12 @@ class VariantImages(sample._Images):
 @contextlib.contextmanager
 def variant_images(workers: int = 2) -> Iterator[None]:
     """Within: `write_sample(real_images=...)` writes VariantImages, encoded by `workers` processes."""
-    saved = sample._Images
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        VariantImages.pool, sample._Images = pool, VariantImages
+    with multiprocessing.get_context("fork").Pool(workers) as pool, mock.patch.object(sample, "_Images", VariantImages):
+        VariantImages.pool = pool
         try:
             yield
         finally:
-            VariantImages.pool, sample._Images = None, saved
+            VariantImages.pool = None
 
 
 # ---------------------------------------------------------------- the check
@@ -195,4 +195,4 @@ def check_table(label: str, found: dict[str, Any]) -> str:
         ("... min / median distance", f"{found['same_source_min']} / {found['same_source_median']}"),
         ("... within 8 bits", f"{found['same_source_le_8']:,}"),
     ]
-    return "\n".join([f"\n### {label}\n", "| figure | value |", "|---|---:|", *(f"| {n} | {v} |" for n, v in rows)])
+    return f"\n### {label}\n\n" + md_table(["figure", "value"], rows)

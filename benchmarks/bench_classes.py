@@ -11,7 +11,7 @@ Besides the stages: convert's `prepare` (the plan) alone, extract + plan on two 
 a + b * images + c * classes), the contact sheet, the near-duplicate fingerprint frame, the reader's open
 (ShardIndex.build: one footer per shard), each in its own child process.
 
-    python benchmarks/bench_classes.py [--classes 19000 --train 3 --val 1 --shard-mb 4 --workers-n 8]
+    python -m benchmarks.bench_classes [--classes 19000 --train 3 --val 1 --shard-mb 4 --workers-n 8]
 """
 
 from __future__ import annotations
@@ -174,8 +174,10 @@ def synthetic(rows: int, classes: int, env: dict[str, str], shape: str) -> dict[
     synthetic train rows (+ rows/26 val) in one process each, without files: RSS per row resolved at 10^6 rows."""
     out = WORK / f"synthetic-{shape}-{rows}"
     shutil.rmtree(out, ignore_errors=True)
-    found = {step: python_args(SYNTH, [step, str(rows), str(classes), str(out), shape], env)
-             for step in ("make", "finalize", "plan")}
+    found = {
+        step: python_args(SYNTH, [step, str(rows), str(classes), str(out), shape], env)
+        for step in ("make", "finalize", "plan")
+    }
     found["rows"] = rows + max(rows // 26, classes)  # type: ignore[assignment]
     found["shape"] = shape  # type: ignore[assignment]
     shutil.rmtree(out, ignore_errors=True)
@@ -214,8 +216,12 @@ def run_pipeline(tree: Path, args: argparse.Namespace, env: dict[str, str]) -> t
 
 def output_sizes(project: Path) -> dict[str, float]:
     reports = project / "data/reports"
-    files = {"index.json": project / "versions/index.json", "changes.json": project / "versions/changes.json",
-             "schema_report.json": reports / "schema_report.json", "contact_sheet.png": reports / "contact_sheet.png"}
+    files = {
+        "index.json": project / "versions/index.json",
+        "changes.json": project / "versions/changes.json",
+        "schema_report.json": reports / "schema_report.json",
+        "contact_sheet.png": reports / "contact_sheet.png",
+    }
     sizes = {name: path.stat().st_size / 1e6 for name, path in files.items()}
     sizes["schema_report.md lines"] = len((reports / "schema_report.md").read_text().splitlines())
     sizes["manifests MB"] = sum(p.stat().st_size for p in (project / "data/manifests").glob("*")) / 1e6
@@ -236,8 +242,10 @@ def print_table(steps: dict[str, object], images: int, classes: int) -> None:
             label = f"{step} {found['shape']} {found['rows']:,}"
             print(f"{label:<16}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['rss_mb']:>13.0f}")
     for key in ("v1 sizes", "v2 sizes"):
-        print(f"{key}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                    for k, v in steps[key].items()))  # type: ignore[union-attr]
+        print(
+            f"{key}: "
+            + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in steps[key].items())
+        )  # type: ignore[union-attr]
     print(f"reader: {steps['reader']}; near-dup frame: {steps['near_bytes_per_row']:.1f} B/row")
 
 
@@ -250,18 +258,28 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=1_300_000, help="rows of the in-process extract/plan")
     parser.add_argument("--workers-n", type=int, default=8, help="Dask workers in the cluster projection")
     args = parser.parse_args()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1", "PYTHONPATH": ""}
-    sizes = {"full": (args.classes, args.train), "fewer images": (args.classes, 1),
-             "fewer classes": (args.classes // 4, args.train)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "PYTHONPATH": "",
+    }
+    sizes = {
+        "full": (args.classes, args.train),
+        "fewer images": (args.classes, 1),
+        "fewer classes": (args.classes // 4, args.train),
+    }
     trees = {k: build_tree(c, {"train": t, "val": args.val}) for k, (c, t) in sizes.items()}
     with prefect_server(WORK / "prefect.log") as env["PREFECT_API_URL"]:
         fits = {k: extract_and_plan(k, trees[k], args, env) for k in ("fewer images", "fewer classes")}
         project, steps = run_pipeline(trees["full"], args, env)
     fits["full"] = {"extract": steps["extract"], "plan": steps["plan"]}
     # N and 2N rows (a manifest row group is 2^20 rows: below it the writer's batch grows with N too), both shapes
-    steps["synthetic"] = {f"{shape} {n}": synthetic(n, args.classes, env, shape)
-                          for shape in ("archive", "folder") for n in (args.synthetic, 2 * args.synthetic)}
+    steps["synthetic"] = {
+        f"{shape} {n}": synthetic(n, args.classes, env, shape)
+        for shape in ("archive", "folder")
+        for n in (args.synthetic, 2 * args.synthetic)
+    }
     images = args.classes * (args.train + args.val)
     print_table(steps, images, args.classes)
     counts = {k: (c, c * (t + args.val)) for k, (c, t) in sizes.items()}

@@ -1,7 +1,7 @@
 """Convert's CPU per image beside the writers of webdataset and MDS (mosaicml-streaming), on the same real JPEGs,
 one process each, side by side in one run (issue 22, item 4).
 
-    python benchmarks/bench_convert_peers.py [--copies 5] [--rounds 3] [--work DIR] [--baseline CHECKOUT]
+    python -m benchmarks.bench_convert_peers [--copies 5] [--rounds 3] [--work DIR] [--baseline CHECKOUT]
 
 The images are bench_convert.py's set (--copies x the 1000 real samples: copy 0 the original bytes, copy k cropped
 by k pixels and re-encoded; one tar + manifest + label map, as extract indexes an archive). Every tool reads each
@@ -19,6 +19,7 @@ computes differs:
 A tool that does not import is listed as skipped. CPU = user + sys of the child per image (process_time); each tool
 runs once per round in a fresh process, rounds interleaved; the table shows the least CPU over the rounds and the
 median over rounds of the ratio to webdataset in the same round (the machine is shared: wall time swings)."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ sys.path.insert(0, str(REPO))
 import bench_convert  # noqa: E402
 
 SHARD_BYTES = 256 << 20
-TOOLS = ["this project, fingerprint true", "this project, fingerprint false", "webdataset", "webdataset + MD5 (DVC)",
-         "MDS (MDSWriter)", "byte copy (floor)"]
+TOOLS = [
+    "this project, fingerprint true",
+    "this project, fingerprint false",
+    "webdataset",
+    "webdataset + MD5 (DVC)",
+    "MDS (MDSWriter)",
+    "byte copy (floor)",
+]
 BASELINE = "baseline checkout, fingerprint false"
 
 
@@ -105,10 +112,14 @@ def _copy(root: Path, out: Path) -> int:
 
 def child(tool: str, root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    runs = {TOOLS[0]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=True),
-            TOOLS[1]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=False),
-            TOOLS[2]: lambda: _webdataset(root, out, md5=False), TOOLS[3]: lambda: _webdataset(root, out, md5=True),
-            TOOLS[4]: lambda: _mds(root, out), TOOLS[5]: lambda: _copy(root, out)}
+    runs = {
+        TOOLS[0]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=True),
+        TOOLS[1]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=False),
+        TOOLS[2]: lambda: _webdataset(root, out, md5=False),
+        TOOLS[3]: lambda: _webdataset(root, out, md5=True),
+        TOOLS[4]: lambda: _mds(root, out),
+        TOOLS[5]: lambda: _copy(root, out),
+    }
     if tool.startswith("this project"):
         import tasks.convert.stage  # noqa: F401  (imports outside the timing, as the other tools')
     elif tool.startswith("webdataset"):
@@ -128,8 +139,9 @@ def _run(tool: str, root: Path, work: Path, baseline: Path | None = None) -> dic
     if tool == BASELINE and baseline is not None:
         script, env = baseline / "benchmarks" / Path(__file__).name, {**os.environ, "PYTHONPATH": str(baseline)}
         tool = TOOLS[1]
-    proc = subprocess.run([sys.executable, str(script), "--child", tool, str(root), str(out)], capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--child", tool, str(root), str(out)], capture_output=True, text=True, env=env
+    )
     subprocess.run(["rm", "-rf", str(out)], check=True)
     if proc.returncode:
         return "skipped: " + (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]
@@ -142,8 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copies", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=bench_convert.WORK)
-    parser.add_argument("--baseline", type=Path, help="another checkout (e.g. `git worktree add DIR main`): its "
-                        "convert stage with fingerprint false runs too, in the same rounds")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git worktree add DIR main`): its "
+        "convert stage with fingerprint false runs too, in the same rounds",
+    )
     args = parser.parse_args(argv)
     bench_convert.WORK = args.work
     root = bench_convert.build_images(args.copies)
@@ -151,8 +167,11 @@ def main(argv: list[str] | None = None) -> None:
     rounds: list[dict[str, dict | str]] = []
     for k in range(args.rounds):
         rounds.append({tool: _run(tool, root, args.work, args.baseline) for tool in tools})
-        print(f"round {k}: " + ", ".join(f"{t} {r['ms']:.3f}" if isinstance(r, dict) else f"{t} {r}"
-                                         for t, r in rounds[-1].items()), flush=True)
+        print(
+            f"round {k}: "
+            + ", ".join(f"{t} {r['ms']:.3f}" if isinstance(r, dict) else f"{t} {r}" for t, r in rounds[-1].items()),
+            flush=True,
+        )
     print_table(rounds)
 
 
@@ -165,8 +184,11 @@ def print_table(rounds: list[dict[str, dict | str]]) -> None:
         if not runs:
             print(f"| {tool} | {rounds[0][tool]} | | |")
             continue
-        ratios = [r[tool]["ms"] / r["webdataset"]["ms"] for r in rounds
-                  if isinstance(r[tool], dict) and isinstance(r["webdataset"], dict)]
+        ratios = [
+            r[tool]["ms"] / r["webdataset"]["ms"]
+            for r in rounds
+            if isinstance(r[tool], dict) and isinstance(r["webdataset"], dict)
+        ]
         ratio = f"{statistics.median(ratios):.2f}" if ratios else "—"
         print(f"| {tool} | {min(r['ms'] for r in runs):.3f} | {ratio} | {min(r['wall'] for r in runs):.2f} |")
 

@@ -1,11 +1,12 @@
 """Download + verify of a ~1 GB archive over the loopback HTTP server vs `md5sum` of the same file.
 
-    python benchmarks/bench_download.py [--mb 1024] [--keep]
+    python -m benchmarks.bench_download [--mb 1024] [--keep]
 
 Writes under benchmarks/_work/bench_download/ (deleted afterwards unless --keep). The file is read once by the
 OS page cache before timing starts, so every row measures the same hot-cache situation. "passes" = times the bytes
 were read by this process: from the network (the HTTP body, hashed on the way) plus from disk (syscall rchar /
 file size; rchar does not count socket reads). md5sum reads the file exactly once by construction."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,16 +15,18 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, WORK
+from tasks.acquire.download import fetch_archive
+from tasks.acquire.remote import FetchOptions
+from tasks.acquire.verify import check_archive
+from tasks.common.layout import ARCHIVES
+from tests.helpers.servers import free_port, wait_http
 
-from tasks.acquire import download as dl  # noqa: E402
-from tasks.common import ARCHIVES  # noqa: E402
-from tasks.acquire.verify import check_archive  # noqa: E402
-from tests.helpers.servers import free_port, wait_http  # noqa: E402
-
+T = TypeVar("T")
 NAME = ARCHIVES["val"]
 
 
@@ -41,7 +44,8 @@ def make_file(path: Path, mb: int) -> None:
             fh.write(block)
 
 
-def timed(fn):
+def timed(fn: Callable[[], T]) -> tuple[float, int, T]:
+    """(wall seconds, bytes this process read from files, fn's result) of one call."""
     start_t, start_r = time.perf_counter(), rchar()
     result = fn()
     return time.perf_counter() - start_t, rchar() - start_r, result
@@ -60,18 +64,25 @@ def run(mb: int, work: Path) -> list[tuple[str, float, float, str]]:
     base = time.perf_counter() - t0
     rows.append(("md5sum (baseline)", base, 1.0, "1 read of the file"))
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "servers.py"), str(srv_root),
-                               str(port)], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "helpers" / "servers.py"), str(srv_root), str(port)],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/{NAME}")
-        opts = dl.FetchOptions(progress=False)
-        secs, read, record = timed(lambda: dl.fetch_archive(NAME, f"http://127.0.0.1:{port}/{NAME}", raw, opts,
-                                                            cache))
+        opts = FetchOptions(progress=False)
+        secs, read, record = timed(lambda: fetch_archive(NAME, f"http://127.0.0.1:{port}/{NAME}", raw, opts, cache))
         vsecs, vread, result = timed(lambda: check_archive(NAME, raw, md5, cache, "bench", progress=False))
         assert record["md5"] == md5 == result["md5"]
         net = record["bytes"] / size  # the body crossed the socket once, hashed as it arrived
-        rows.append(("http download (md5 while streaming)", secs, net + read / size,
-                     f"network {net:.2f} + disk reads {read / size:.2f}"))
+        rows.append(
+            (
+                "http download (md5 while streaming)",
+                secs,
+                net + read / size,
+                f"network {net:.2f} + disk reads {read / size:.2f}",
+            )
+        )
         rows.append(("verify after download", vsecs, vread / size, f"md5 from: {result['md5_from'].split()[0]}"))
         ratio = (secs + vsecs) / base
         rows.append(("download + verify", secs + vsecs, net + (read + vread) / size, "total"))
@@ -81,13 +92,18 @@ def run(mb: int, work: Path) -> list[tuple[str, float, float, str]]:
             t0 = time.perf_counter()
             subprocess.run(["curl", "-sf", "-o", str(naive), f"http://127.0.0.1:{port}/{NAME}"], check=True)
             subprocess.run(["md5sum", str(naive)], check=True, capture_output=True)
-            rows.append(("curl, then md5sum (naive baseline)", time.perf_counter() - t0, 2.0,
-                         "network 1 + disk 1"))
+            rows.append(("curl, then md5sum (naive baseline)", time.perf_counter() - t0, 2.0, "network 1 + disk 1"))
             naive.unlink()
-        secs, read, _ = timed(lambda: dl.fetch_archive(NAME, str(src), raw, opts, cache))
+        secs, read, _ = timed(lambda: fetch_archive(NAME, str(src), raw, opts, cache))
         vsecs, vread, result = timed(lambda: check_archive(NAME, raw, md5, cache, "bench", progress=False))
-        rows.append(("local link + verify", secs + vsecs, (read + vread) / size, f"{result['md5_from']} "
-                     "(1 pass: a linked file must be read once)"))
+        rows.append(
+            (
+                "local link + verify",
+                secs + vsecs,
+                (read + vread) / size,
+                f"{result['md5_from']} (1 pass: a linked file must be read once)",
+            )
+        )
     finally:
         server.terminate()
         server.wait()
@@ -100,7 +116,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=1024)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
-    work = REPO / "benchmarks" / "_work" / "bench_download"
+    work = WORK / "bench_download"
     shutil.rmtree(work, ignore_errors=True)
     try:
         rows = run(args.mb, work)

@@ -14,10 +14,11 @@ near-duplicates, false pairs among distinct real images) and the banded search a
                by the band plan's cost model to TRAIN x VAL (ImageNet-21k with a 50-per-class holdout: 12.05 M x
                0.95 M), with the memory the search and the read fingerprints need
 
-    python benchmarks/bench_near_dup.py                       # everything, ImageNet-1k search size
-    python benchmarks/bench_near_dup.py --train 200000 --val 10000 --skip-quality
-    python benchmarks/bench_near_dup.py --skip-quality --skip-search --project 12050000 950000   # 13 M (21k)
+    python -m benchmarks.bench_near_dup                       # everything, ImageNet-1k search size
+    python -m benchmarks.bench_near_dup --train 200000 --val 10000 --skip-quality
+    python -m benchmarks.bench_near_dup --skip-quality --skip-search --project 12050000 950000   # 13 M (21k)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,6 +59,7 @@ def imagehash_fn():
     def phash(data: bytes) -> int:
         with Image.open(io.BytesIO(data)) as image:
             return int(str(imagehash.phash(image)), 16)
+
     return phash
 
 
@@ -86,6 +88,7 @@ def images() -> tuple[str, list[bytes]]:
         return "real ImageNet samples", [d for _, d in real]
     from tasks.acquire.sample import write_sample
     from tests.helpers.planted import sample_images
+
     out = REPO / "benchmarks" / "_work" / "near_dup_sample"
     if not (out / "ILSVRC2012_img_train.tar").is_file():
         write_sample(out)
@@ -115,6 +118,7 @@ def bench_convert_cost(datas: list[bytes]) -> None:
 
     from tasks.convert.fingerprint import stored_fingerprint
     from tasks.convert.imaging import Policy, encode_image
+
     policy = Policy()
 
     def without(data: bytes) -> None:
@@ -124,11 +128,14 @@ def bench_convert_cost(datas: list[bytes]) -> None:
         enc = encode_image(data, policy)
         hashlib.sha256(enc.data).hexdigest()
         stored_fingerprint(enc.data)
+
     base, _ = cpu(without, datas)
     full, _ = cpu(with_fingerprint, datas)
     print("\n## convert's per-image CPU (pass-through), without and with the fingerprint")
-    print(f"| convert row | ms/image | ratio |\n|---|---|---|\n| without phash | {base:.3f} | 1.00x |\n"
-          f"| with phash | {full:.3f} | {full / base:.2f}x |")
+    print(
+        f"| convert row | ms/image | ratio |\n|---|---|---|\n| without phash | {base:.3f} | 1.00x |\n"
+        f"| with phash | {full:.3f} | {full / base:.2f}x |"
+    )
 
 
 def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
@@ -154,8 +161,11 @@ def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) 
             totals[n] += hit if "each-side" not in edit else 0
             cells.append(f"{hit / len(dist):.2f} (max {max(dist)})")
         print(f"| {edit} | " + " | ".join(cells) + " |")
-    print(f"| **issue's planted set (first {len(EDITS)} rows)** | "
-          + " | ".join(f"**{totals[n] / (bases * len(EDITS)):.3f}**" for n in names) + " |")
+    print(
+        f"| **issue's planted set (first {len(EDITS)} rows)** | "
+        + " | ".join(f"**{totals[n] / (bases * len(EDITS)):.3f}**" for n in names)
+        + " |"
+    )
     recall_by_distance(planted, hashed, fns, names, d)
     distinct_pairs(hashed, names, d)
 
@@ -168,8 +178,9 @@ def recall_by_distance(planted: dict, hashed: dict, fns: dict, names: list[str],
         dist = {e: [bin(fns[n](c) ^ hashed[n][i]).count("1") for i, c in enumerate(cs)] for e, cs in planted.items()}
         base = [x for e, xs in dist.items() if "each-side" not in e for x in xs]
         side = [x for e, xs in dist.items() if "each-side" in e for x in xs]
-        cells = [f"{np.mean(np.array(base) <= k):.3f} \\| {np.mean(np.array(side) <= k):.2f}"
-                 for k in range(d - 2, d + 3)]
+        cells = [
+            f"{np.mean(np.array(base) <= k):.3f} \\| {np.mean(np.array(side) <= k):.2f}" for k in range(d - 2, d + 3)
+        ]
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
@@ -179,17 +190,22 @@ def distinct_pairs(hashed: dict, names: list[str], d: int, pairs_1k: float = 1_2
     from math import erfc, sqrt
 
     print(f"\n## false pairs among the {len(hashed[names[0]])} distinct images")
-    print(f"| method | bits always equal | mean / sd distance | smallest | pairs <= {d} | pairs <= 12 | "
-          f"chance pairs <= {d - 1} / {d} / {d + 2} in 1.28M x 50k (normal fit) |\n|---|---|---|---|---|---|---|")
+    print(
+        f"| method | bits always equal | mean / sd distance | smallest | pairs <= {d} | pairs <= 12 | "
+        f"chance pairs <= {d - 1} / {d} / {d + 2} in 1.28M x 50k (normal fit) |\n|---|---|---|---|---|---|---|"
+    )
     for n in names:
         h = np.array(hashed[n], dtype=np.uint64)
         bits = (h[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
-        stuck = int(((bits.min(0) == bits.max(0))).sum())
+        stuck = int((bits.min(0) == bits.max(0)).sum())
         dist = np.bitwise_count(h[:, None] ^ h[None, :])[np.triu_indices(len(h), 1)]
         mean, sd = dist.mean(), dist.std()
         chance = [pairs_1k * 0.5 * erfc((mean - k - 0.5) / (sd * sqrt(2))) for k in (d - 1, d, d + 2)]
-        print(f"| {n} | {stuck} | {mean:.1f} / {sd:.2f} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} | "
-              + " / ".join(f"{c:.2g}" for c in chance) + " |")
+        print(
+            f"| {n} | {stuck} | {mean:.1f} / {sd:.2f} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} | "
+            + " / ".join(f"{c:.2g}" for c in chance)
+            + " |"
+        )
 
 
 def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str):
@@ -199,8 +215,10 @@ def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_joi
     seconds = time.process_time() - start
     plan = band_plan(d, len(queries), len(indexed))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"| {what}, distance {d} | {len(indexed):,} x {len(queries):,} | {plan.widths}, {plan.radius} | "
-          f"{seconds:.1f} | {len(pairs)} {note} | {rss:.0f} |")
+    print(
+        f"| {what}, distance {d} | {len(indexed):,} x {len(queries):,} | {plan.widths}, {plan.radius} | "
+        f"{seconds:.1f} | {len(pairs)} {note} | {rss:.0f} |"
+    )
     return pairs
 
 
@@ -218,10 +236,12 @@ def bench_search(train_n: int, val_n: int, planted: int, brute_rows: int) -> Non
     banded("inside train", train, train, td, True, "")
     start = time.process_time()
     for first in range(0, brute_rows, 20):  # 20 x 1.28M distances at a time (~0.2 GB)
-        np.nonzero(np.bitwise_count(val[first:first + 20, None] ^ train[None, :]) <= d)
+        np.nonzero(np.bitwise_count(val[first : first + 20, None] ^ train[None, :]) <= d)
     brute = (time.process_time() - start) * val_n / brute_rows
-    print(f"| brute force (all pairs), projected from {brute_rows} val rows | {train_n:,} x {val_n:,} | - | "
-          f"{brute:.0f} | - | - |")
+    print(
+        f"| brute force (all pairs), projected from {brute_rows} val rows | {train_n:,} x {val_n:,} | - | "
+        f"{brute:.0f} | - | - |"
+    )
     assert len(pairs) >= planted, "a planted near copy was missed"
 
 
@@ -237,16 +257,23 @@ def frame_bytes_per_row(rows: int = 100_000) -> float:
     """Memory of read_fingerprints' frame per row (names, wnids, shard names as Python strings), measured."""
     import pandas as pd
 
-    frame = pd.DataFrame({"name": [f"n{k % 21000:08d}_{k}.JPEG" for k in range(rows)],
-                          "wnid": [f"n{k % 21000:08d}" for k in range(rows)], "label": np.arange(rows),
-                          "phash": np.arange(rows, dtype=np.uint64), "valid": np.ones(rows, bool),
-                          "shard": [f"train-h{k // 2500:016x}.parquet" for k in range(rows)],
-                          "row": np.arange(rows)})
+    frame = pd.DataFrame(
+        {
+            "name": [f"n{k % 21000:08d}_{k}.JPEG" for k in range(rows)],
+            "wnid": [f"n{k % 21000:08d}" for k in range(rows)],
+            "label": np.arange(rows),
+            "phash": np.arange(rows, dtype=np.uint64),
+            "valid": np.ones(rows, bool),
+            "shard": [f"train-h{k // 2500:016x}.parquet" for k in range(rows)],
+            "row": np.arange(rows),
+        }
+    )
     return frame.memory_usage(deep=True).sum() / rows
 
 
-def bench_projection(train_n: int, val_n: int, target_train: int, target_val: int, fp_ms: float | None,
-                     cores: int = 16) -> None:
+def bench_projection(
+    train_n: int, val_n: int, target_train: int, target_val: int, fp_ms: float | None, cores: int = 16
+) -> None:
     """The fingerprint and the band search measured here (uniform fingerprints, one core), projected to
     `target_train` x `target_val` images by the cost model; memory from the tables' and the frame's sizes."""
     rng = np.random.default_rng(1)
@@ -259,11 +286,14 @@ def bench_projection(train_n: int, val_n: int, target_train: int, target_val: in
     print("|---|---|---|---|---|---|")
     if fp_ms:
         cpu_h = fp_ms * total / 3.6e6
-        print(f"| fingerprint (convert, per image) | {fp_ms:.3f} ms/img | {total:,} images | {cpu_h:.1f} CPU-h | "
-              f"{cpu_h * 60 / cores:.0f} min (convert's workers) | none held (per image) |")
+        print(
+            f"| fingerprint (convert, per image) | {fp_ms:.3f} ms/img | {total:,} images | {cpu_h:.1f} CPU-h | "
+            f"{cpu_h * 60 / cores:.0f} min (convert's workers) | none held (per image) |"
+        )
     for what, queries, indexed, dist, self_join, tq, ti in [
-            ("train x val", val, train, d, False, target_val, target_train),
-            ("inside train", train, train, td, True, target_train, target_train)]:
+        ("train x val", val, train, d, False, target_val, target_train),
+        ("inside train", train, train, td, True, target_train, target_train),
+    ]:
         start = time.process_time()
         near_pairs(queries, indexed, dist, self_join=self_join)
         seconds = time.process_time() - start
@@ -271,13 +301,17 @@ def bench_projection(train_n: int, val_n: int, target_train: int, target_val: in
         plan = band_plan(dist, tq, ti)
         table = (2 * 2 ** max(plan.widths) + 2 * ti) * 8  # counts + starts, rows by key + keys: one band at a time
         memory = (ti + tq) * 8 + table + CANDIDATE_BLOCK * 6 * 8
-        print(f"| {what}, distance {dist}, plan {plan.widths}/{plan.radius} | {seconds:.1f} s at "
-              f"{len(indexed):,} x {len(queries):,} | {scale:.0f} | {seconds * scale / 3600:.2f} CPU-h | "
-              f"{seconds * scale / cores / 60:.1f} min if the query blocks were spread (today one process: "
-              f"{seconds * scale / 60:.0f} min) | {memory / 2**30:.2f} GiB search |")
+        print(
+            f"| {what}, distance {dist}, plan {plan.widths}/{plan.radius} | {seconds:.1f} s at "
+            f"{len(indexed):,} x {len(queries):,} | {scale:.0f} | {seconds * scale / 3600:.2f} CPU-h | "
+            f"{seconds * scale / cores / 60:.1f} min if the query blocks were spread (today one process: "
+            f"{seconds * scale / 60:.0f} min) | {memory / 2**30:.2f} GiB search |"
+        )
     per_row = frame_bytes_per_row()
-    print(f"| the fingerprints read (name, wnid, shard per row) | {per_row:.0f} B/row | {total:,} rows | - | - | "
-          f"{per_row * total / 2**30:.1f} GiB frame |")
+    print(
+        f"| the fingerprints read (name, wnid, shard per row) | {per_row:.0f} B/row | {total:,} rows | - | - | "
+        f"{per_row * total / 2**30:.1f} GiB frame |"
+    )
 
 
 def main() -> None:
@@ -289,8 +323,14 @@ def main() -> None:
     ap.add_argument("--bases", type=int, default=200, help="base images for the planted edits")
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--skip-search", action="store_true")
-    ap.add_argument("--project", type=int, nargs=2, metavar=("TRAIN", "VAL"), default=None,
-                    help="project to TRAIN x VAL images (ImageNet-21k: 12050000 950000)")
+    ap.add_argument(
+        "--project",
+        type=int,
+        nargs=2,
+        metavar=("TRAIN", "VAL"),
+        default=None,
+        help="project to TRAIN x VAL images (ImageNet-21k: 12050000 950000)",
+    )
     args = ap.parse_args()
     fp_ms = None
     if args.project and args.skip_quality:

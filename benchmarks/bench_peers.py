@@ -1,7 +1,7 @@
 """This reader beside its peers on the same images, warm and cold, side by side in one run (issue 13, item 3).
 
-    python benchmarks/bench_peers.py [--images 5000] [--workers 2] [--batch-size 64] [--rounds 3] [--no-cold]
-    python benchmarks/bench_peers.py --grayscale      # grayscale JPEGs: stored as found vs as RGB (item 5)
+    python -m benchmarks.bench_peers [--images 5000] [--workers 2] [--batch-size 64] [--rounds 3] [--no-cold]
+    python -m benchmarks.bench_peers --grayscale      # grayscale JPEGs: stored as found vs as RGB (item 5)
 
 The images, the ImageFolder tree and the passthrough shards are bench_reader.py's (same `--work`, reused). Every
 tool gets the same per-sample work — PIL decode + convert("RGB") -> RandomResizedCrop(224) -> flip -> uint8 CHW
@@ -17,6 +17,7 @@ skipped, with the reason:
     cache once; cold runs evict that cache too), map-style with shuffle, the Image feature decoding.
 Cold = every file under --work evicted from the page cache (posix_fadvise DONTNEED) right before each run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,17 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 
 from bench_reader import (  # noqa: E402
-    FolderDataset, InMemoryDataset, RandomResizedCropFlip, Result, epoch, evict, loadavg, prepare, warm,
+    FolderDataset,
+    InMemoryDataset,
+    RandomResizedCropFlip,
+    Result,
+    epoch,
+    evict,
+    loadavg,
+    prepare,
+    warm,
 )
+
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset  # noqa: E402
 
 FOLDER = "ImageFolder equivalent (PIL folder dataset)"
@@ -63,6 +73,7 @@ def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: C
     def run(args: argparse.Namespace):
         ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000).map(sample)
         return epoch(ds, args)
+
     return run
 
 
@@ -85,11 +96,13 @@ def hf_run(shards: Path, work: Path, tf: Callable) -> Callable | str:
     except ImportError:
         return "skipped: datasets not installed (pip install datasets)"
     files = sorted(str(p) for p in (shards / "train").glob("*.parquet"))
-    hf = datasets.load_dataset("parquet", data_files={"train": files}, split="train",
-                               cache_dir=str(work / "peers" / "hf-cache"))
+    hf = datasets.load_dataset(
+        "parquet", data_files={"train": files}, split="train", cache_dir=str(work / "peers" / "hf-cache")
+    )
 
     def run(args: argparse.Namespace):
         return epoch(HFImages(hf, tf), args, shuffle=True)
+
     return run
 
 
@@ -104,9 +117,11 @@ def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace)
         FOLDER: lambda a: epoch(FolderDataset(folder, tf), a, shuffle=True),
         "decode-only ceiling (bytes in RAM)": ceiling,
         "this project, iterable (buffer 1000)": lambda a: epoch(
-            ParquetIterableDataset(shards, "train", transform=tf, seed=1), a),
-        "this project, map-style, shuffle": lambda a: epoch(ParquetImageDataset(shards, "train", transform=tf), a,
-                                                            shuffle=True),
+            ParquetIterableDataset(shards, "train", transform=tf, seed=1), a
+        ),
+        "this project, map-style, shuffle": lambda a: epoch(
+            ParquetImageDataset(shards, "train", transform=tf), a, shuffle=True
+        ),
         "litdata StreamingDataset": "skipped: installing litdata would replace torch 2.13 (pip install --dry-run)",
         "webdataset": webdataset_run(folder, args.work, args.wds_shards, tf),
         "mosaicml-streaming": "skipped: installing mosaicml-streaming would replace torch 2.13 and numpy",
@@ -182,8 +197,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_table(best: dict[tuple[str, str], Result], everything: dict[str, Callable | str]) -> None:
-    print("\n| reader | warm img/s | ÷ ImageFolder | CPU ms/img | cold img/s (best) | ÷ ImageFolder cold | "
-          "cold ÷ own warm | cold CPU ms/img |")
+    print(
+        "\n| reader | warm img/s | ÷ ImageFolder | CPU ms/img | cold img/s (best) | ÷ ImageFolder cold | "
+        "cold ÷ own warm | cold CPU ms/img |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     base_w, base_c = best.get(("warm", FOLDER)), best.get(("cold", FOLDER))
     for name, run in everything.items():
@@ -191,8 +208,11 @@ def print_table(best: dict[tuple[str, str], Result], everything: dict[str, Calla
             print(f"| {name} | {run} | | | | | | |")
             continue
         w, c = best[("warm", name)], best.get(("cold", name))
-        cold = (f"{c.rate:.0f} | {c.rate / base_c.rate:.2f} | {c.rate / w.rate:.2f} | {1000 / c.per_cpu:.2f}"
-                if c and base_c else "— | — | — | —")
+        cold = (
+            f"{c.rate:.0f} | {c.rate / base_c.rate:.2f} | {c.rate / w.rate:.2f} | {1000 / c.per_cpu:.2f}"
+            if c and base_c
+            else "— | — | — | —"
+        )
         print(f"| {name} | {w.rate:.0f} | {w.rate / base_w.rate:.2f} | {1000 / w.per_cpu:.2f} | {cold} |")
 
 

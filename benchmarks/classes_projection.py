@@ -30,7 +30,7 @@ def fit(fits: dict[str, Any], counts: dict[str, tuple[int, int]], step: str, key
 
 
 def project_run(steps: dict[str, Any], fits: dict[str, Any], counts: dict[str, tuple[int, int]], workers: int) -> str:
-    classes, images = counts["full"]
+    images = counts["full"][1]
     lines = [f"\nprojection to {IMAGES / 1e6:.0f} M images / {BYTES / 1e12:.1f} TB / {CLASSES} classes:"]
     at = np.array([1.0, IMAGES, CLASSES])
     for step in ("extract", "plan"):
@@ -59,19 +59,26 @@ def project_run(steps: dict[str, Any], fits: dict[str, Any], counts: dict[str, t
     extract_cpu = fit(fits, counts, "extract", "cpu") @ at + fit(fits, counts, "plan", "cpu") @ at
     near = steps["near_bytes_per_row"] * IMAGES / 2**30
     lines += [
-        f"  convert  CPU {convert_cpu / 3600:6.1f} h ({CONVERT_MS} ms/real JPEG, issue 22 item 4); reads "
-        f"{BYTES / 1e12:.1f} TB",
-        f"  validate CPU {validate_cpu / 3600:6.1f} h (per row {validate_row_ms:.3f} ms measured here + SHA-256 "
-        f"{sha:.2f} ms/MB measured here x 1.2 TB); reads 1.2 TB again",
+        (
+            f"  convert  CPU {convert_cpu / 3600:6.1f} h ({CONVERT_MS} ms/real JPEG, issue 22 item 4); reads "
+            f"{BYTES / 1e12:.1f} TB"
+        ),
+        (
+            f"  validate CPU {validate_cpu / 3600:6.1f} h (per row {validate_row_ms:.3f} ms measured here + SHA-256 "
+            f"{sha:.2f} ms/MB measured here x 1.2 TB); reads 1.2 TB again"
+        ),
         f"  near-dup fingerprint frame {near:.1f} GiB ({steps['near_bytes_per_row']:.0f} B/row measured here)",
-        f"  16 cores, one machine (disk {DISK_GBPS} GB/s assumed): extract+plan {extract_cpu / 3600:.2f} h "
-        f"(one process), convert {max(convert_cpu / CORES, read_local) / 3600:.1f} h, validate "
-        f"{max(validate_cpu / CORES, read_local) / 3600:.1f} h (max of CPU / 16 and the read)",
+        (
+            f"  16 cores, one machine (disk {DISK_GBPS} GB/s assumed): extract+plan {extract_cpu / 3600:.2f} h "
+            f"(one process), convert {max(convert_cpu / CORES, read_local) / 3600:.1f} h, validate "
+            f"{max(validate_cpu / CORES, read_local) / 3600:.1f} h (max of CPU / 16 and the read)"
+        ),
     ]
     cluster = max(convert_cpu / (CORES * workers), read_shared)
     lines.append(
         f"  Dask, {workers} workers x {CORES} cores, archives on shared storage ({SHARED_GBPS} GB/s total assumed): "
         f"convert {cluster / 3600:.2f} h (max of CPU / {CORES * workers} and the shared read); extract+plan and "
-        f"validate stay on one machine: {extract_cpu / 3600:.2f} h + {max(validate_cpu / CORES, read_local) / 3600:.1f} h"
+        f"validate stay on one machine: {extract_cpu / 3600:.2f} h + "
+        f"{max(validate_cpu / CORES, read_local) / 3600:.1f} h"
     )
     return "\n".join(lines)

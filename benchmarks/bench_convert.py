@@ -18,29 +18,28 @@ import json
 import multiprocessing
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-WORK = REPO / "benchmarks" / "_work" / "convert"
-SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, SAMPLES, cpu_seconds
+from benchmarks.common import WORK as BENCH_WORK
+from tasks.common.params import load_project
+from tasks.convert.distribute import run_local
+from tasks.convert.job import job_from_params
 
-from tasks.common.params import load_project  # noqa: E402
-from tasks.convert.distribute import run_local  # noqa: E402
-from tasks.convert.job import job_from_params  # noqa: E402
-
+WORK = BENCH_WORK / "convert"
 MANIFEST = pa.schema(
     [
         ("split", pa.string()),
@@ -60,7 +59,7 @@ def _variant(args: tuple[Path, int]) -> tuple[str, bytes]:
     path, copy = args
     data = path.read_bytes()
     if copy:
-        im = Image.open(io.BytesIO(data))
+        im: Image.Image = Image.open(io.BytesIO(data))
         im = im.crop((copy, copy, im.width - copy, im.height - copy))
         buf = io.BytesIO()
         im.save(buf, "JPEG", quality=90)
@@ -126,13 +125,15 @@ def repeated_set(base: Path, times: int) -> Path:
     if not link.exists():
         link.symlink_to(base / "data" / "raw" / "images.tar")
     table = pq.read_table(base / "data" / "manifests" / "train.parquet")
-    entries = list(zip(table["member"].to_pylist(), table["offset"].to_pylist(), table["size"].to_pylist()))
+    columns = (table[c].to_pylist() for c in ("member", "offset", "size"))
+    entries = list(zip(*columns, strict=True))
     write_index(root, entries, repeat=times)
     return root
 
 
-def _rows(root: Path) -> list[dict]:
-    return pq.read_table(root / "data" / "manifests" / "train.parquet").to_pylist()
+def _rows(root: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(root / "data" / "manifests" / "train.parquet").to_pylist()
+    return rows
 
 
 # ------------------------------------------------------------------ methods (run in a child process)
@@ -187,7 +188,7 @@ def stage(
     )
     p = {k: Path(v) for k, v in project.params.paths.model_dump().items() if v is not None}  # relative to root
     p.update(parquet=out / "parquet", work=out / "work", metrics=out / "metrics")
-    return run_local(job_from_params(cfg, p, root=root), workers=workers, progress=False, pool=pool)["rows"]
+    return int(run_local(job_from_params(cfg, p, root=root), workers=workers, progress=False, pool=pool)["rows"])
 
 
 def _warm(_: int) -> int:
@@ -206,34 +207,29 @@ def warm_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
-def child(method: str, root: Path, out: Path, extra: dict) -> None:
+def child(method: str, root: Path, out: Path, extra: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    fns = {"seed": seed_method, "copy": byte_copy, "stage": stage}
+    fns: dict[str, Callable[..., int]] = {"seed": seed_method, "copy": byte_copy, "stage": stage}
     started = time.perf_counter()
     if method == "stage" and extra["workers"] > 1:
         extra["pool"] = warm_pool(extra["workers"])
     startup = time.perf_counter() - started
-    cpu, started = _cpu(), time.perf_counter()
+    cpu, started = cpu_seconds(), time.perf_counter()
     count = fns[method](root, out, **extra)
     seconds = time.perf_counter() - started
     if "pool" in extra:
         extra["pool"].shutdown()  # reaps the workers: their CPU time joins RUSAGE_CHILDREN
-    print(json.dumps({"count": count, "seconds": seconds, "startup": startup, "cpu": _cpu() - cpu}))
+    print(json.dumps({"count": count, "seconds": seconds, "startup": startup, "cpu": cpu_seconds() - cpu}))
 
 
-def _cpu() -> float:
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def measure(method: str, root: Path, label: str, repeat: int = 2, **extra) -> dict:
+def measure(method: str, root: Path, label: str, repeat: int = 2, **extra: Any) -> dict[str, Any]:
     """Best of `repeat` runs (the machine is shared: wall time is noisy; CPU time per image is not)."""
     runs = [_measure_once(method, root, label, **extra) for _ in range(repeat)]
     best = max(runs, key=lambda r: r["img_s"])
     return {**best, "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "cpu_ms": min(r["cpu_ms"] for r in runs)}
 
 
-def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
+def _measure_once(method: str, root: Path, label: str, **extra: Any) -> dict[str, Any]:
     """Run one method in a fresh process; sample the memory of its whole process tree.
 
     PSS (proportional set size), not RSS: forked workers share the parent's pages, and RSS would count them
@@ -241,9 +237,10 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
     out = WORK / "out" / label
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", method, str(root), str(out), json.dumps(extra)],
+        [sys.executable, "-m", "benchmarks.bench_convert", "--child", method, str(root), str(out), json.dumps(extra)],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=REPO,
     )
     parent, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:
@@ -253,7 +250,7 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
         except psutil.Error:
             pass
         time.sleep(0.02)
-    result = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    result = json.loads(proc.communicate()[0].strip().splitlines()[-1])
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and "work" not in f.relative_to(out).parts)
     shutil.rmtree(out)  # GBs at 8x
     return {
@@ -269,7 +266,7 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
 
 
 # ------------------------------------------------------------------ row groups
-def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[dict]:
+def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[dict[str, Any]]:
     results = []
     for rows in sizes:
         out = WORK / "out" / f"rg{rows}"
@@ -281,7 +278,7 @@ def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[
     return results
 
 
-def _random_reads(files: list[Path], reads: int) -> dict:
+def _random_reads(files: list[Path], reads: int) -> dict[str, Any]:
     handles = [pq.ParquetFile(f) for f in files]
     index = [(h, g, h.metadata.row_group(g).num_rows) for h in handles for g in range(h.num_row_groups)]
     offsets, total = [], 0
@@ -300,7 +297,7 @@ def _random_reads(files: list[Path], reads: int) -> dict:
     return {"random_row_ms": ms, "footer_kb": footer / 1024, "row_groups": len(index)}
 
 
-def _scan(files: list[Path]) -> dict:
+def _scan(files: list[Path]) -> dict[str, Any]:
     started, nbytes, count = time.perf_counter(), 0, 0
     for f in files:
         for batch in pq.ParquetFile(f).iter_batches(batch_size=256, columns=["image", "label"]):
@@ -311,17 +308,17 @@ def _scan(files: list[Path]) -> dict:
 
 
 # ------------------------------------------------------------------ main
-def _table(rows: list[dict], base: dict, limit: dict) -> str:
-    lines = [
+def _table(rows: list[dict[str, Any]], base: dict[str, Any], limit: dict[str, Any]) -> str:
+    head = (
         f"{'method':44} {'images':>7} {'img/s':>8} {'x seed':>7} {'x copy':>7} {'peak PSS MB':>11} "
         f"{'out MB':>7} {'start s':>7} {'CPU ms/img':>10} {'x seed CPU':>10}"
+    )
+    lines = [head] + [
+        f"{r['label']:44} {r['images']:7d} {r['img_s']:8.0f} {r['img_s'] / base['img_s']:7.2f} "
+        f"{r['img_s'] / limit['img_s']:7.2f} {r['peak_rss_mb']:11.0f} {r['out_mb']:7.0f} "
+        f"{r['startup']:7.1f} {r['cpu_ms']:10.3f} {base['cpu_ms'] / r['cpu_ms']:10.2f}"
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"{r['label']:44} {r['images']:7d} {r['img_s']:8.0f} {r['img_s'] / base['img_s']:7.2f} "
-            f"{r['img_s'] / limit['img_s']:7.2f} {r['peak_rss_mb']:11.0f} {r['out_mb']:7.0f} "
-            f"{r['startup']:7.1f} {r['cpu_ms']:10.3f} {base['cpu_ms'] / r['cpu_ms']:10.2f}"
-        )
     return "\n".join(lines)
 
 

@@ -22,35 +22,42 @@ near-duplicates, false pairs among distinct real images) and the banded search a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import math
 import resource
-import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
+import pandas as pd
+import scipy.fft
+from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from PIL import Image  # noqa: E402
-
-from tasks.convert.fingerprint import GRID, HASH_SIDE, _dct_rows, fingerprint, grey_grid  # noqa: E402
-from tasks.validate.near_dup import CANDIDATE_BLOCK, VERIFY_COST, band_plan, near_pairs  # noqa: E402
-from tests.helpers.params import validate_section  # noqa: E402
-from tests.helpers.planted import EDITS, _crop, real_images  # noqa: E402
+from benchmarks.common import WORK
+from tasks.acquire.sample import write_sample
+from tasks.convert.fingerprint import GRID, HASH_SIDE, fingerprint, grey_grid, stored_fingerprint
+from tasks.convert.imaging import Policy, encode_image
+from tasks.validate.near_dup import CANDIDATE_BLOCK, VERIFY_COST, band_plan, near_pairs
+from tests.helpers.params import validate_section
+from tests.helpers.planted import EDITS, _crop, real_images, sample_images
 
 DEFAULT = validate_section()
+T = TypeVar("T")
+R = TypeVar("R")
+Hasher = Callable[[bytes], int]
 
 
-def cpu(fn, items) -> tuple[float, list]:
+def cpu(fn: Callable[[T], R], items: Sequence[T]) -> tuple[float, list[R]]:
+    """CPU ms per item of `fn` over `items`, and its results."""
     start = time.process_time()
     out = [fn(x) for x in items]
     return (time.process_time() - start) / len(items) * 1e3, out
 
 
-def imagehash_fn():
+def imagehash_fn() -> Hasher | None:
+    """imagehash.phash as an int, or None when imagehash is not installed (an optional peer)."""
     try:
         import imagehash
     except ImportError:
@@ -63,7 +70,7 @@ def imagehash_fn():
     return phash
 
 
-_DCT_V1 = _dct_rows(GRID, HASH_SIDE)
+_DCT_V1 = scipy.fft.dct(np.eye(GRID), norm="ortho", axis=0)[:HASH_SIDE]  # the first rows of the orthonormal DCT-II
 
 
 def fingerprint_v1(data: bytes) -> int:
@@ -86,10 +93,7 @@ def images() -> tuple[str, list[bytes]]:
     real = real_images()
     if real:
         return "real ImageNet samples", [d for _, d in real]
-    from tasks.acquire.sample import write_sample
-    from tests.helpers.planted import sample_images
-
-    out = REPO / "benchmarks" / "_work" / "near_dup_sample"
+    out = WORK / "near_dup_sample"
     if not (out / "ILSVRC2012_img_train.tar").is_file():
         write_sample(out)
     return "built-in sample images (no ../shared)", [d for _, d in sample_images(out, 1000)]
@@ -99,26 +103,20 @@ def bench_fingerprint(datas: list[bytes]) -> dict[str, list[int]]:
     kb = np.mean([len(d) for d in datas]) / 1e3
     print(f"\n## fingerprint: CPU ms per image ({len(datas)} images, mean {kb:.0f} KB)")
     print("| method | ms/image | vs own |\n|---|---|---|")
-    hashers = {OWN: fingerprint, V1: fingerprint_v1}
-    if imagehash_fn():
-        hashers["imagehash.phash"] = imagehash_fn()
-    own_ms, results = None, {}
-    for name, fn in [*hashers.items(), ("floor: reduced decode only", decode_floor)]:
-        ms, out = cpu(fn, datas)
-        own_ms = own_ms or ms
+    hashers: dict[str, Hasher] = {OWN: fingerprint, V1: fingerprint_v1}
+    phash = imagehash_fn()
+    if phash:
+        hashers["imagehash.phash"] = phash
+    results = {name: cpu(fn, datas) for name, fn in hashers.items()}
+    floor_ms, _ = cpu(decode_floor, datas)
+    own_ms = results[OWN][0]
+    for name, ms in [*((n, r[0]) for n, r in results.items()), ("floor: reduced decode only", floor_ms)]:
         print(f"| {name} | {ms:.3f} | {ms / own_ms:.2f}x |")
-        if out[0] is not None:
-            results[name] = out
-    return results
+    return {name: hashes for name, (_, hashes) in results.items()}
 
 
 def bench_convert_cost(datas: list[bytes]) -> None:
     """What the fingerprint adds to convert's per-image work (pass-through policy: header check + SHA-256)."""
-    import hashlib
-
-    from tasks.convert.fingerprint import stored_fingerprint
-    from tasks.convert.imaging import Policy, encode_image
-
     policy = Policy()
 
     def without(data: bytes) -> None:
@@ -141,11 +139,14 @@ def bench_convert_cost(datas: list[bytes]) -> None:
 def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
     d = DEFAULT.near_duplicates_distance
     edits = {**EDITS, **{f"crop{c}pct-each-side": _crop(2 * c / 100) for c in (2, 3.5, 5)}}
-    fns = {OWN: fingerprint, V1: fingerprint_v1, "imagehash.phash": imagehash_fn()}
+    fns: dict[str, Hasher] = {OWN: fingerprint, V1: fingerprint_v1}
+    phash = imagehash_fn()
+    if phash:
+        fns["imagehash.phash"] = phash
     print(f"\n## quality at distance {d}: recall per edit over {bases} base images (max distance seen)")
-    names = [n for n in hashed if fns.get(n)]
+    names = [n for n in hashed if n in fns]
     print("| edit | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
-    planted = {}
+    planted: dict[str, list[bytes]] = {}
     for edit, fn in edits.items():
         copies = []
         for data in datas[:bases]:
@@ -170,7 +171,9 @@ def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) 
     distinct_pairs(hashed, names, d)
 
 
-def recall_by_distance(planted: dict, hashed: dict, fns: dict, names: list[str], d: int) -> None:
+def recall_by_distance(
+    planted: dict[str, list[bytes]], hashed: dict[str, list[int]], fns: dict[str, Hasher], names: list[str], d: int
+) -> None:
     """The issue's planted set (EDITS) and the 2-5 % each-side crops: recall at distances around the default."""
     print("\n## recall by distance (planted set | each-side crops)")
     print("| method | " + " | ".join(f"<= {k}" for k in range(d - 2, d + 3)) + " |\n|---|" + "---|" * 5)
@@ -184,11 +187,11 @@ def recall_by_distance(planted: dict, hashed: dict, fns: dict, names: list[str],
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
-def distinct_pairs(hashed: dict, names: list[str], d: int, pairs_1k: float = 1_281_167 * 50_000) -> None:
+def distinct_pairs(
+    hashed: dict[str, list[int]], names: list[str], d: int, pairs_1k: float = 1_281_167 * 50_000
+) -> None:
     """Distances between distinct real photos: the smallest, the pairs within d, the bits that carry nothing, and
     the chance pairs among ImageNet-1k's train x val pairs from a normal fit of the distance distribution."""
-    from math import erfc, sqrt
-
     print(f"\n## false pairs among the {len(hashed[names[0]])} distinct images")
     print(
         f"| method | bits always equal | mean / sd distance | smallest | pairs <= {d} | pairs <= 12 | "
@@ -200,7 +203,7 @@ def distinct_pairs(hashed: dict, names: list[str], d: int, pairs_1k: float = 1_2
         stuck = int((bits.min(0) == bits.max(0)).sum())
         dist = np.bitwise_count(h[:, None] ^ h[None, :])[np.triu_indices(len(h), 1)]
         mean, sd = dist.mean(), dist.std()
-        chance = [pairs_1k * 0.5 * erfc((mean - k - 0.5) / (sd * sqrt(2))) for k in (d - 1, d, d + 2)]
+        chance = [pairs_1k * 0.5 * math.erfc((mean - k - 0.5) / (sd * math.sqrt(2))) for k in (d - 1, d, d + 2)]
         print(
             f"| {n} | {stuck} | {mean:.1f} / {sd:.2f} | {dist.min()} | {(dist <= d).sum()} | {(dist <= 12).sum()} | "
             + " / ".join(f"{c:.2g}" for c in chance)
@@ -208,7 +211,7 @@ def distinct_pairs(hashed: dict, names: list[str], d: int, pairs_1k: float = 1_2
         )
 
 
-def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str):
+def banded(what: str, queries: np.ndarray, indexed: np.ndarray, d: int, self_join: bool, note: str) -> pd.DataFrame:
     """One near_pairs search, timed (CPU s) with the process's peak RSS, as a table row."""
     start = time.process_time()
     pairs = near_pairs(queries, indexed, d, self_join=self_join)
@@ -250,13 +253,11 @@ def model_cost(distance: int, queries: int, indexed: int) -> float:
     plan = band_plan(distance, queries, indexed)
     width, bands = max(plan.widths), len(plan.widths)
     variants = sum(math.comb(width, k) for k in range(plan.radius + 1))
-    return bands * (queries * variants * (1 + VERIFY_COST * indexed / 2**width) + indexed * math.log2(indexed))
+    return float(bands * (queries * variants * (1 + VERIFY_COST * indexed / 2**width) + indexed * math.log2(indexed)))
 
 
 def frame_bytes_per_row(rows: int = 100_000) -> float:
     """Memory of read_fingerprints' frame per row (names, wnids, shard names as Python strings), measured."""
-    import pandas as pd
-
     frame = pd.DataFrame(
         {
             "name": [f"n{k % 21000:08d}_{k}.JPEG" for k in range(rows)],
@@ -268,7 +269,7 @@ def frame_bytes_per_row(rows: int = 100_000) -> float:
             "row": np.arange(rows),
         }
     )
-    return frame.memory_usage(deep=True).sum() / rows
+    return float(frame.memory_usage(deep=True).sum() / rows)
 
 
 def bench_projection(
@@ -345,7 +346,8 @@ def main() -> None:
     if not args.skip_search:
         bench_search(args.train, args.val, args.planted, args.brute_rows)
     if args.project:
-        bench_projection(args.train, args.val, *args.project, fp_ms)
+        target_train, target_val = args.project
+        bench_projection(args.train, args.val, target_train, target_val, fp_ms)
 
 
 if __name__ == "__main__":

@@ -22,37 +22,35 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import sys
-from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from torch.utils.data import Dataset
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-
-from bench_reader import (  # noqa: E402
+from benchmarks.bench_reader import (
+    Epoch,
     FolderDataset,
     InMemoryDataset,
     RandomResizedCropFlip,
     Result,
+    Run,
+    Transform,
     epoch,
-    evict,
-    loadavg,
+    hf_run,
+    measure,
     prepare,
     warm,
 )
-
-from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset  # noqa: E402
+from benchmarks.common import SAMPLES, WORK, evict_tree
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset
 
 FOLDER = "ImageFolder equivalent (PIL folder dataset)"
 
 
-def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: Callable) -> Callable | str:
+def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: Transform) -> Run | str:
+    """webdataset tar shards written once under `work` (--wds-shards of them), read with shard shuffle and a
+    1000-sample buffer; a reason to skip when webdataset is not installed (an optional peer)."""
     try:
         import webdataset as wds
     except ImportError:
@@ -70,46 +68,17 @@ def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: C
     def sample(s: dict[str, Any]) -> tuple[Any, int]:
         return tf(Image.open(io.BytesIO(s["jpg"])).convert("RGB")), int(s["cls"])
 
-    def run(args: argparse.Namespace):
+    def run(args: argparse.Namespace) -> Epoch:
         ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000).map(sample)
         return epoch(ds, args)
 
     return run
 
 
-class HFImages(Dataset):
-    def __init__(self, hf: Any, tf: Callable):
-        self.hf, self.tf = hf, tf
-
-    def __len__(self) -> int:
-        return len(self.hf)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        row = self.hf[int(i)]
-        return self.tf(row["image"].convert("RGB")), int(row["label"])
-
-
-def hf_run(shards: Path, work: Path, tf: Callable) -> Callable | str:
-    try:
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-        import datasets
-    except ImportError:
-        return "skipped: datasets not installed (pip install datasets)"
-    files = sorted(str(p) for p in (shards / "train").glob("*.parquet"))
-    hf = datasets.load_dataset(
-        "parquet", data_files={"train": files}, split="train", cache_dir=str(work / "peers" / "hf-cache")
-    )
-
-    def run(args: argparse.Namespace):
-        return epoch(HFImages(hf, tf), args, shuffle=True)
-
-    return run
-
-
-def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace) -> dict[str, Callable | str]:
+def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace) -> dict[str, Run | str]:
     tf = RandomResizedCropFlip()
 
-    def ceiling(a: argparse.Namespace):
+    def ceiling(a: argparse.Namespace) -> Epoch:
         ds = ParquetImageDataset(shards, "train", decode=False)
         return epoch(InMemoryDataset([ds[i][0] for i in range(len(ds))], ds.targets.tolist(), tf), a, shuffle=True)
 
@@ -131,10 +100,8 @@ def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace)
 
 def grayscale(samples: Path, repeats: int = 40) -> None:
     """Issue 13 item 5: the grayscale sample JPEGs as found vs re-encoded as RGB JPEG, bytes and decode CPU."""
-    import time
-
     gray = [p for p in sorted(samples.glob("*.JPEG")) if Image.open(p).mode == "L"]
-    totals = {"as found (mode L)": [0, 0.0], "RGB JPEG q90": [0, 0.0], "RGB JPEG q95": [0, 0.0]}
+    totals: dict[str, list[float]] = {"as found (mode L)": [0, 0.0], "RGB JPEG q90": [0, 0.0], "RGB JPEG q95": [0, 0.0]}
     for path in gray:
         data = path.read_bytes()
         rgb = Image.open(io.BytesIO(data)).convert("RGB")
@@ -164,19 +131,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--wds-shards", type=int, default=8)
-    parser.add_argument("--samples", type=Path, default=REPO.parent / "shared" / "data" / "imagenet-samples")
-    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
+    parser.add_argument("--samples", type=Path, default=SAMPLES)
+    parser.add_argument("--work", type=Path, default=WORK / "reader")
     parser.add_argument("--no-cold", action="store_true")
     parser.add_argument("--grayscale", action="store_true", help="only the grayscale bytes/decode measurement")
     args = parser.parse_args(argv)
     if args.grayscale:
         return grayscale(args.samples)
     args.work = args.work / f"{args.images}-images"
-    folder, shards, _, _ = prepare(args)
+    folder, shards, *_ = prepare(args)
     everything = tools(folder, shards, args)
-    runs = {name: run for name, run in everything.items() if callable(run)}
+    runs = {name: run for name, run in everything.items() if not isinstance(run, str)}
     for name, why in everything.items():
-        if not callable(why):
+        if isinstance(why, str):
             print(f"  {name}: {why}")
     warm(sorted(p for p in args.work.rglob("*") if p.is_file()))
     best: dict[tuple[str, str], Result] = {}
@@ -186,25 +153,25 @@ def main(argv: list[str] | None = None) -> None:
                 if cache == "cold" and "ceiling" in name:
                     continue
                 if cache == "cold":
-                    evict(args.work)
-                before = loadavg()
-                rate, per_cpu, seen, first = run(args)
-                assert seen == args.images, (name, seen)
-                print(f"  {cache}#{round_} {name:42s} {rate:6.0f} img/s {1000 / per_cpu:5.2f} CPU ms/img", flush=True)
-                if (cache, name) not in best or rate > best[(cache, name)].rate:
-                    best[(cache, name)] = Result(cache, name, rate, per_cpu, f"{before} -> {loadavg()}", first)
+                    evict_tree([args.work])
+                r = measure(cache, name, run, args)
+                print(
+                    f"  {cache}#{round_} {name:42s} {r.rate:6.0f} img/s {1000 / r.per_cpu:5.2f} CPU ms/img", flush=True
+                )
+                if (cache, name) not in best or r.rate > best[(cache, name)].rate:
+                    best[(cache, name)] = r
     print_table(best, everything)
 
 
-def print_table(best: dict[tuple[str, str], Result], everything: dict[str, Callable | str]) -> None:
+def print_table(best: dict[tuple[str, str], Result], everything: dict[str, Run | str]) -> None:
     print(
         "\n| reader | warm img/s | ÷ ImageFolder | CPU ms/img | cold img/s (best) | ÷ ImageFolder cold | "
         "cold ÷ own warm | cold CPU ms/img |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    base_w, base_c = best.get(("warm", FOLDER)), best.get(("cold", FOLDER))
+    base_w, base_c = best[("warm", FOLDER)], best.get(("cold", FOLDER))
     for name, run in everything.items():
-        if not callable(run):
+        if isinstance(run, str):
             print(f"| {name} | {run} | | | | | | |")
             continue
         w, c = best[("warm", name)], best.get(("cold", name))

@@ -70,6 +70,16 @@ def cpu_seconds() -> float:
     return cpu_self() + cpu_children()
 
 
+IO_KEYS = ("rchar", "wchar", "read_bytes", "write_bytes")
+
+
+def proc_io(pid: int | str = "self") -> dict[str, int]:
+    """/proc/<pid>/io's IO_KEYS: bytes through read()/write() and from/to the disk, of the process and every child
+    it has reaped (the kernel folds a reaped child's counts in)."""
+    rows = (line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return {k: int(v) for k, v in rows if k in IO_KEYS}
+
+
 def loadavg() -> str:
     """The 1, 5 and 15 minute load averages, printed beside a measurement: a busy machine shows in them."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -185,6 +195,17 @@ def md5s(root: Path) -> dict[str, tuple[str, int]]:
         if root.exists()
         else {}
     )
+
+
+def shard_md5s(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
+    """split -> shard name -> (MD5, bytes) of a project's data/parquet (what a new version rewrote)."""
+    return {
+        split: {
+            p.name: (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
+            for p in sorted((project / "data/parquet" / split).glob("*.parquet"))
+        }
+        for split in ("train", "val")
+    }
 
 
 def unique_jpeg(data: bytes, tag: str | bytes) -> bytes:

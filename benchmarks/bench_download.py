@@ -27,6 +27,7 @@ from tasks.common.layout import ARCHIVES
 from tests.helpers.servers import free_port, wait_http
 
 T = TypeVar("T")
+Row = tuple[str, float, float, str]  # case, seconds, passes over the bytes, note
 NAME = ARCHIVES["val"]
 
 
@@ -51,59 +52,70 @@ def timed(fn: Callable[[], T]) -> tuple[float, int, T]:
     return time.perf_counter() - start_t, rchar() - start_r, result
 
 
-def run(mb: int, work: Path) -> list[tuple[str, float, float, str]]:
+def http_rows(url: str, raw: Path, md5: str, cache: Path, size: int) -> list[Row]:
+    """Download over HTTP (MD5 while streaming), then verify; passes = bytes read (network + disk) / file size."""
+    opts = FetchOptions(progress=False)
+    secs, read, record = timed(lambda: fetch_archive(NAME, url, raw, opts, cache))
+    vsecs, vread, result = timed(lambda: check_archive(NAME, raw, md5, cache, "bench", progress=False))
+    assert record["md5"] == md5 == result["md5"]
+    net = record["bytes"] / size  # the body crossed the socket once, hashed as it arrived
+    (raw / NAME).unlink()
+    return [
+        (
+            "http download (md5 while streaming)",
+            secs,
+            net + read / size,
+            f"network {net:.2f} + disk reads {read / size:.2f}",
+        ),
+        ("verify after download", vsecs, vread / size, f"md5 from: {result['md5_from'].split()[0]}"),
+        ("download + verify", secs + vsecs, net + (read + vread) / size, "total"),
+    ]
+
+
+def curl_rows(url: str, work: Path) -> list[Row]:
+    """The naive way, when curl is there: download to a file, then md5sum it."""
+    if not shutil.which("curl"):
+        return []
+    naive = work / "naive.tar"
+    t0 = time.perf_counter()
+    subprocess.run(["curl", "-sf", "-o", str(naive), url], check=True)
+    subprocess.run(["md5sum", str(naive)], check=True, capture_output=True)
+    row = ("curl, then md5sum (naive baseline)", time.perf_counter() - t0, 2.0, "network 1 + disk 1")
+    naive.unlink()
+    return [row]
+
+
+def local_row(src: Path, raw: Path, md5: str, cache: Path, size: int) -> Row:
+    """A local source: linked, then verified."""
+    secs, read, _ = timed(lambda: fetch_archive(NAME, str(src), raw, FetchOptions(progress=False), cache))
+    vsecs, vread, result = timed(lambda: check_archive(NAME, raw, md5, cache, "bench", progress=False))
+    note = f"{result['md5_from']} (1 pass: a linked file must be read once)"
+    return "local link + verify", secs + vsecs, (read + vread) / size, note
+
+
+def run(mb: int, work: Path) -> list[Row]:
     srv_root, raw, cache = work / "srv", work / "raw", work / "md5_cache.json"
     srv_root.mkdir(parents=True)
     src = srv_root / NAME
     make_file(src, mb)
     size = src.stat().st_size
     subprocess.run(["md5sum", str(src)], check=True, capture_output=True)  # warm the page cache
-    rows = []
     t0 = time.perf_counter()
     md5 = subprocess.run(["md5sum", str(src)], check=True, capture_output=True, text=True).stdout.split()[0]
     base = time.perf_counter() - t0
-    rows.append(("md5sum (baseline)", base, 1.0, "1 read of the file"))
+    rows: list[Row] = [("md5sum (baseline)", base, 1.0, "1 read of the file")]
     port = free_port()
+    url = f"http://127.0.0.1:{port}/{NAME}"
     server = subprocess.Popen(
         [sys.executable, str(REPO / "tests" / "helpers" / "servers.py"), str(srv_root), str(port)],
         stdout=subprocess.DEVNULL,
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/{NAME}")
-        opts = FetchOptions(progress=False)
-        secs, read, record = timed(lambda: fetch_archive(NAME, f"http://127.0.0.1:{port}/{NAME}", raw, opts, cache))
-        vsecs, vread, result = timed(lambda: check_archive(NAME, raw, md5, cache, "bench", progress=False))
-        assert record["md5"] == md5 == result["md5"]
-        net = record["bytes"] / size  # the body crossed the socket once, hashed as it arrived
-        rows.append(
-            (
-                "http download (md5 while streaming)",
-                secs,
-                net + read / size,
-                f"network {net:.2f} + disk reads {read / size:.2f}",
-            )
-        )
-        rows.append(("verify after download", vsecs, vread / size, f"md5 from: {result['md5_from'].split()[0]}"))
-        ratio = (secs + vsecs) / base
-        rows.append(("download + verify", secs + vsecs, net + (read + vread) / size, "total"))
-        (raw / NAME).unlink()
-        if shutil.which("curl"):
-            naive = work / "naive.tar"
-            t0 = time.perf_counter()
-            subprocess.run(["curl", "-sf", "-o", str(naive), f"http://127.0.0.1:{port}/{NAME}"], check=True)
-            subprocess.run(["md5sum", str(naive)], check=True, capture_output=True)
-            rows.append(("curl, then md5sum (naive baseline)", time.perf_counter() - t0, 2.0, "network 1 + disk 1"))
-            naive.unlink()
-        secs, read, _ = timed(lambda: fetch_archive(NAME, str(src), raw, opts, cache))
-        vsecs, vread, result = timed(lambda: check_archive(NAME, raw, md5, cache, "bench", progress=False))
-        rows.append(
-            (
-                "local link + verify",
-                secs + vsecs,
-                (read + vread) / size,
-                f"{result['md5_from']} (1 pass: a linked file must be read once)",
-            )
-        )
+        wait_http(url)
+        rows += http_rows(url, raw, md5, cache, size)
+        ratio = rows[-1][1] / base  # download + verify
+        rows += curl_rows(url, work)
+        rows.append(local_row(src, raw, md5, cache, size))
     finally:
         server.terminate()
         server.wait()

@@ -79,17 +79,17 @@ def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace)
     tf = RandomResizedCropFlip()
 
     def ceiling(a: argparse.Namespace) -> Epoch:
-        ds = ParquetImageDataset(shards, "train", decode=False)
+        ds = ParquetImageDataset(shards, "train", decode=False, overlay=False)
         return epoch(InMemoryDataset([ds[i][0] for i in range(len(ds))], ds.targets.tolist(), tf), a, shuffle=True)
 
     return {
         FOLDER: lambda a: epoch(FolderDataset(folder, tf), a, shuffle=True),
         "decode-only ceiling (bytes in RAM)": ceiling,
         "this project, iterable (buffer 1000)": lambda a: epoch(
-            ParquetIterableDataset(shards, "train", transform=tf, seed=1), a
+            ParquetIterableDataset(shards, "train", transform=tf, seed=1, overlay=False), a
         ),
         "this project, map-style, shuffle": lambda a: epoch(
-            ParquetImageDataset(shards, "train", transform=tf), a, shuffle=True
+            ParquetImageDataset(shards, "train", transform=tf, overlay=False), a, shuffle=True
         ),
         "litdata StreamingDataset": "skipped: installing litdata would replace torch 2.13 (pip install --dry-run)",
         "webdataset": webdataset_run(folder, args.work, args.wds_shards, tf),

@@ -28,6 +28,7 @@ from benchmarks.common import REPO, SAMPLES, WORK
 from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, shard_schema
 from tasks.common.params import load_project
+from tasks.convert.fingerprint import stored_fingerprint
 from tasks.convert.writer import memory_pool, to_table, write_shard, writer_options
 
 
@@ -47,6 +48,7 @@ def rows_of(files: list[Path]) -> list[dict[str, Any]]:
                 "transform": "none",
                 "exif_orientation": 1,
                 "sha256": hashlib.sha256(data).hexdigest(),
+                "phash": stored_fingerprint(data),  # the shards' fingerprint column (format 3 on)
             }
         )
     return rows
@@ -108,8 +110,8 @@ def read_costs(work: Path, count: int = 3000) -> None:
     if not shards.is_dir():
         return
     files = sorted(folder.rglob("*.JPEG"))
-    indexed = ParquetImageDataset(shards, "train", decode=False)
-    fallback = ParquetImageDataset(shards, "train", decode=False)
+    indexed = ParquetImageDataset(shards, "train", decode=False, overlay=False)
+    fallback = ParquetImageDataset(shards, "train", decode=False, overlay=False)
     picks = random.Random(0).sample(range(min(len(files), len(indexed))), min(count, len(indexed)))
     runs: dict[str, Callable[[int], object]] = {
         "folder file (open + read)": lambda i: files[i].read_bytes(),

@@ -29,9 +29,9 @@ def fit(fits: dict[str, Any], counts: dict[str, tuple[int, int]], step: str, key
     return np.linalg.solve(a, np.array([fits[n][step][key] for n in names], dtype=float))
 
 
-def project_run(steps: dict[str, Any], fits: dict[str, Any], counts: dict[str, tuple[int, int]], workers: int) -> str:
-    images = counts["full"][1]
-    lines = [f"\nprojection to {IMAGES / 1e6:.0f} M images / {BYTES / 1e12:.1f} TB / {CLASSES} classes:"]
+def fitted_lines(fits: dict[str, Any], counts: dict[str, tuple[int, int]]) -> list[str]:
+    """extract and plan at 21k's size, from the fit through the three trees."""
+    lines = []
     at = np.array([1.0, IMAGES, CLASSES])
     for step in ("extract", "plan"):
         cpu, rss = fit(fits, counts, step, "cpu"), fit(fits, counts, step, "rss_mb")
@@ -40,6 +40,12 @@ def project_run(steps: dict[str, Any], fits: dict[str, Any], counts: dict[str, t
             f"peak RSS {rss @ at:6.0f} MB (per image {rss[1] * 1e6:.1f} B, per class {rss[2] * 1e6:.0f} B; "
             f"fit a + b*images + c*classes through the 3 trees; the RSS part is noise at <= 76k images)"
         )
+    return lines
+
+
+def synthetic_lines(steps: dict[str, Any]) -> list[str]:
+    """finalize and plan at 21k's size, per row from the in-process runs on N and 2N synthetic rows."""
+    lines = []
     small, large = (steps["synthetic"][k] for k in sorted(steps["synthetic"], key=int))
     for step in ("finalize", "plan"):
         rows = large["rows"] - small["rows"]
@@ -50,6 +56,14 @@ def project_run(steps: dict[str, Any], fits: dict[str, Any], counts: dict[str, t
             f"{per_row['cpu'] * 1e6:.1f} us/row -> {per_row['cpu'] * IMAGES:.0f} s, peak RSS "
             f"{per_row['rss_mb'] * 1e6:.0f} B/row -> {rss:.0f} MB at {IMAGES / 1e6:.0f} M rows"
         )
+    return lines
+
+
+def project_run(steps: dict[str, Any], fits: dict[str, Any], counts: dict[str, tuple[int, int]], workers: int) -> str:
+    images = counts["full"][1]
+    lines = [f"\nprojection to {IMAGES / 1e6:.0f} M images / {BYTES / 1e12:.1f} TB / {CLASSES} classes:"]
+    lines += fitted_lines(fits, counts) + synthetic_lines(steps)
+    at = np.array([1.0, IMAGES, CLASSES])
     sha = sha256_ms_per_mb()
     validate_row_ms = (steps["validate"]["cpu"] - steps["download"]["cpu"]) * 1e3 / images  # tiny images: per row
     # (less the startup of a stage: the download stage, which only stats the tree)

@@ -36,7 +36,7 @@ from tests.helpers.project import GIT, copy_project
 from tests.helpers.servers import isolate_prefect, prefect_server
 
 WORK = BENCH_WORK / "classes"
-STAGES = ("download", "verify", "extract", "convert", "validate")
+STAGES = ("download", "verify", "extract", "convert", "curate", "validate")
 
 
 def tiny_jpeg(seed: int, tag: str) -> bytes:

@@ -44,18 +44,20 @@ def fitted_lines(fits: dict[str, Any], counts: dict[str, tuple[int, int]]) -> li
 
 
 def synthetic_lines(steps: dict[str, Any]) -> list[str]:
-    """finalize and plan at 21k's size, per row from the in-process runs on N and 2N synthetic rows."""
+    """finalize and plan at 21k's size, per row from the in-process runs on N and 2N synthetic rows, per shape."""
     lines = []
-    small, large = (steps["synthetic"][k] for k in sorted(steps["synthetic"], key=int))
-    for step in ("finalize", "plan"):
-        rows = large["rows"] - small["rows"]
-        per_row = {k: (large[step][k] - small[step][k]) / rows for k in ("cpu", "rss_mb")}
-        rss = large[step]["rss_mb"] + per_row["rss_mb"] * (IMAGES - large["rows"])
-        lines.append(
-            f"  {step:<8} (in-process, {small['rows']:,} and {large['rows']:,} synthetic rows): CPU "
-            f"{per_row['cpu'] * 1e6:.1f} us/row -> {per_row['cpu'] * IMAGES:.0f} s, peak RSS "
-            f"{per_row['rss_mb'] * 1e6:.0f} B/row -> {rss:.0f} MB at {IMAGES / 1e6:.0f} M rows"
-        )
+    for shape in ("archive", "folder"):
+        found = [run for run in steps["synthetic"].values() if run["shape"] == shape]
+        small, large = sorted(found, key=lambda run: run["rows"])
+        for step in ("finalize", "plan"):
+            rows = large["rows"] - small["rows"]
+            per_row = {k: (large[step][k] - small[step][k]) / rows for k in ("cpu", "rss_mb")}
+            rss = large[step]["rss_mb"] + per_row["rss_mb"] * (IMAGES - large["rows"])
+            lines.append(
+                f"  {step:<8} (in-process, {shape}, {small['rows']:,} and {large['rows']:,} synthetic rows): CPU "
+                f"{per_row['cpu'] * 1e6:.1f} us/row -> {per_row['cpu'] * IMAGES:.0f} s, peak RSS "
+                f"{per_row['rss_mb'] * 1e6:.0f} B/row -> {rss:.0f} MB at {IMAGES / 1e6:.0f} M rows"
+            )
     return lines
 
 

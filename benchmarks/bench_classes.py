@@ -11,7 +11,7 @@ Besides the stages: convert's `prepare` (the plan) alone, extract + plan on two 
 a + b * images + c * classes), the contact sheet, the near-duplicate fingerprint frame, the reader's open
 (ShardIndex.build: one footer per shard), each in its own child process.
 
-    python benchmarks/bench_classes.py [--classes 19000 --train 3 --val 1 --shard-mb 4 --workers-n 8]
+    python -m benchmarks.bench_classes [--classes 19000 --train 3 --val 1 --shard-mb 4 --workers-n 8]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,25 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from benchmarks.classes_projection import project_run  # noqa: E402
-from tests.helpers.project import GIT, copy_project  # noqa: E402
-from tests.helpers.servers import isolate_prefect, prefect_server  # noqa: E402
+from benchmarks.classes_projection import project_run
+from benchmarks.common import REPO, dvc_env, measured, ruled, unique_jpeg, update_params
+from benchmarks.common import WORK as BENCH_WORK
+from tests.helpers.project import GIT, copy_project
+from tests.helpers.servers import isolate_prefect, prefect_server
 
-isolate_prefect()
-
-WORK = REPO / "benchmarks" / "_work" / "classes"
-STAGES = ("download", "verify", "extract", "convert", "validate")
-MEASURE = """
-import json, resource, subprocess, sys, time
-t = time.perf_counter(); code = subprocess.run(sys.argv[1:]).returncode; wall = time.perf_counter() - t
-r = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"rc": code, "wall": wall, "cpu": r.ru_utime + r.ru_stime, "rss_mb": r.ru_maxrss / 1024}))
-"""
+WORK = BENCH_WORK / "classes"
+STAGES = ("download", "verify", "extract", "convert", "curate", "validate")
 
 
 def tiny_jpeg(seed: int, tag: str) -> bytes:
@@ -54,8 +44,7 @@ def tiny_jpeg(seed: int, tag: str) -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, "JPEG", quality=75)
-    data, payload = buf.getvalue(), tag.encode()
-    return data[:2] + b"\xff\xfe" + (len(payload) + 2).to_bytes(2, "big") + payload + data[2:]
+    return unique_jpeg(buf.getvalue(), tag)
 
 
 def build_tree(classes: int, per_split: dict[str, int]) -> Path:
@@ -75,18 +64,6 @@ def build_tree(classes: int, per_split: dict[str, int]) -> Path:
     return tree
 
 
-def measured(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Wall, CPU and peak RSS (largest process) of `cmd` and its children, measured in a child of its own."""
-    out = subprocess.run([sys.executable, "-c", MEASURE, *cmd], cwd=cwd, env=env, capture_output=True, text=True)
-    lines = out.stdout.strip().splitlines()
-    found: dict[str, Any] = json.loads(lines[-1])
-    if len(lines) > 1 and lines[-2].startswith("{"):
-        found["out"] = json.loads(lines[-2])  # what the command printed last (a JSON line)
-    if found["rc"]:
-        raise SystemExit(f"{cmd} failed in {cwd}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return found
-
-
 def python(code: str, cwd: Path, env: dict[str, str]) -> dict[str, Any]:
     return measured([sys.executable, "-c", textwrap.dedent(code)], cwd, env)
 
@@ -95,10 +72,13 @@ def make_project(name: str, tree: Path, args: argparse.Namespace) -> Path:
     base = WORK / name
     shutil.rmtree(base, ignore_errors=True)
     project = copy_project(base)
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["extract"].update(mode="folder", folder=str(tree), catalog="derived")
-    params["convert"]["shard_mb"] = args.shard_mb
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    update_params(
+        project,
+        {
+            "extract": {"mode": "folder", "folder": str(tree), "catalog": "derived"},
+            "convert": {"shard_mb": args.shard_mb},
+        },
+    )
     return project
 
 
@@ -142,8 +122,9 @@ SYNTH = """
 import json, resource, sys, time
 from pathlib import Path
 import pyarrow as pa
+from tasks.common.manifests import dictionary_columns, read_columns
 from tasks.extract.stage import STAGING_SCHEMA, _write_staging, finalize
-from tasks.convert.stage import _manifest
+from tasks.convert.stage import MANIFEST_COLUMNS
 from tasks.convert.plan import ordered, plan_split
 step, rows, classes, out, shape = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
 if step == "make":
@@ -164,20 +145,24 @@ elif step == "finalize":
 else:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for split in ("train", "val"):
-        plans = plan_split(split, ordered(_manifest(out / "manifests" / f"{split}.parquet"), "hashed"), 256 << 20, "b")
+        path = out / "manifests" / f"{split}.parquet"  # read as convert's planner reads it
+        manifest = read_columns(path, MANIFEST_COLUMNS, dictionary_columns(path))
+        plans = plan_split(split, ordered(manifest, "hashed"), 256 << 20, "b")
 print(json.dumps({"base_mb": base / 1024, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def synthetic(rows: int, classes: int, env: dict[str, str], shape: str) -> dict[str, object]:
+def synthetic(rows: int, classes: int, env: dict[str, str], shape: str) -> dict[str, Any]:
     """finalize (extract's labelling, curation, sort and manifests) and the plan on a staging index of `rows`
     synthetic train rows (+ rows/26 val) in one process each, without files: RSS per row resolved at 10^6 rows."""
     out = WORK / f"synthetic-{shape}-{rows}"
     shutil.rmtree(out, ignore_errors=True)
-    found = {step: python_args(SYNTH, [step, str(rows), str(classes), str(out), shape], env)
-             for step in ("make", "finalize", "plan")}
-    found["rows"] = rows + max(rows // 26, classes)  # type: ignore[assignment]
-    found["shape"] = shape  # type: ignore[assignment]
+    found: dict[str, Any] = {
+        step: python_args(SYNTH, [step, str(rows), str(classes), str(out), shape], env)
+        for step in ("make", "finalize", "plan")
+    }
+    found["rows"] = rows + max(rows // 26, classes)
+    found["shape"] = shape
     shutil.rmtree(out, ignore_errors=True)
     return found
 
@@ -186,16 +171,16 @@ def python_args(code: str, args: list[str], env: dict[str, str]) -> dict[str, An
     return measured([sys.executable, "-c", textwrap.dedent(code), *args], REPO, env)
 
 
-def extract_and_plan(name: str, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> dict[str, object]:
+def extract_and_plan(name: str, tree: Path, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     project = make_project(name, tree, args)
     for stage in ("download", "verify"):
         measured(["dvc", "repro", "-s", stage], project, env)
     return {"extract": measured(["dvc", "repro", "-s", "extract"], project, env), "plan": python(PLAN, project, env)}
 
 
-def run_pipeline(tree: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, dict[str, object]]:
+def run_pipeline(tree: Path, args: argparse.Namespace, env: dict[str, str]) -> tuple[Path, dict[str, Any]]:
     project = make_project("full", tree, args)
-    steps: dict[str, object] = {stage: measured(["dvc", "repro", "-s", stage], project, env) for stage in STAGES}
+    steps: dict[str, Any] = {stage: measured(["dvc", "repro", "-s", stage], project, env) for stage in STAGES}
     steps["plan"] = python(PLAN, project, env)
     steps["contact sheet"] = python(SHEET, project, env)
     steps["near-dup frame"] = python(NEAR, project, env)
@@ -214,8 +199,12 @@ def run_pipeline(tree: Path, args: argparse.Namespace, env: dict[str, str]) -> t
 
 def output_sizes(project: Path) -> dict[str, float]:
     reports = project / "data/reports"
-    files = {"index.json": project / "versions/index.json", "changes.json": project / "versions/changes.json",
-             "schema_report.json": reports / "schema_report.json", "contact_sheet.png": reports / "contact_sheet.png"}
+    files = {
+        "index.json": project / "versions/index.json",
+        "changes.json": project / "versions/changes.json",
+        "schema_report.json": reports / "schema_report.json",
+        "contact_sheet.png": reports / "contact_sheet.png",
+    }
     sizes = {name: path.stat().st_size / 1e6 for name, path in files.items()}
     sizes["schema_report.md lines"] = len((reports / "schema_report.md").read_text().splitlines())
     sizes["manifests MB"] = sum(p.stat().st_size for p in (project / "data/manifests").glob("*")) / 1e6
@@ -223,21 +212,23 @@ def output_sizes(project: Path) -> dict[str, float]:
     return sizes
 
 
-def print_table(steps: dict[str, object], images: int, classes: int) -> None:
+def print_table(steps: dict[str, Any], images: int, classes: int) -> None:
     print(f"\n21k-shaped tree: {classes} classes, {images} images (32x32 JPEGs), one run each")
     head = f"{'step':<16}{'wall s':>9}{'CPU s':>9}{'peak RSS MB':>13}"
-    print(head + "\n" + "-" * len(head))
+    print(ruled(head))
     for name, r in steps.items():
         if isinstance(r, dict) and "wall" in r:
             print(f"{name:<16}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['rss_mb']:>13.0f}")
-    for found in steps["synthetic"].values():  # type: ignore[union-attr]
+    for found in steps["synthetic"].values():
         for step in ("finalize", "plan"):
             r = found[step]
             label = f"{step} {found['shape']} {found['rows']:,}"
             print(f"{label:<16}{r['wall']:>9.1f}{r['cpu']:>9.1f}{r['rss_mb']:>13.0f}")
     for key in ("v1 sizes", "v2 sizes"):
-        print(f"{key}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                    for k, v in steps[key].items()))  # type: ignore[union-attr]
+        print(
+            f"{key}: "
+            + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in steps[key].items())
+        )
     print(f"reader: {steps['reader']}; near-dup frame: {steps['near_bytes_per_row']:.1f} B/row")
 
 
@@ -250,18 +241,24 @@ def main() -> None:
     parser.add_argument("--synthetic", type=int, default=1_300_000, help="rows of the in-process extract/plan")
     parser.add_argument("--workers-n", type=int, default=8, help="Dask workers in the cluster projection")
     args = parser.parse_args()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1", "PYTHONPATH": ""}
-    sizes = {"full": (args.classes, args.train), "fewer images": (args.classes, 1),
-             "fewer classes": (args.classes // 4, args.train)}
+    isolate_prefect()  # the tests' isolated PREFECT_HOME, inherited by the server and every stage
+    env = {**dvc_env(), "PYTHONPATH": ""}
+    sizes = {
+        "full": (args.classes, args.train),
+        "fewer images": (args.classes, 1),
+        "fewer classes": (args.classes // 4, args.train),
+    }
     trees = {k: build_tree(c, {"train": t, "val": args.val}) for k, (c, t) in sizes.items()}
     with prefect_server(WORK / "prefect.log") as env["PREFECT_API_URL"]:
         fits = {k: extract_and_plan(k, trees[k], args, env) for k in ("fewer images", "fewer classes")}
         project, steps = run_pipeline(trees["full"], args, env)
     fits["full"] = {"extract": steps["extract"], "plan": steps["plan"]}
     # N and 2N rows (a manifest row group is 2^20 rows: below it the writer's batch grows with N too), both shapes
-    steps["synthetic"] = {f"{shape} {n}": synthetic(n, args.classes, env, shape)
-                          for shape in ("archive", "folder") for n in (args.synthetic, 2 * args.synthetic)}
+    steps["synthetic"] = {
+        f"{shape} {n}": synthetic(n, args.classes, env, shape)
+        for shape in ("archive", "folder")
+        for n in (args.synthetic, 2 * args.synthetic)
+    }
     images = args.classes * (args.train + args.val)
     print_table(steps, images, args.classes)
     counts = {k: (c, c * (t + args.val)) for k, (c, t) in sizes.items()}

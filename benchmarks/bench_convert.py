@@ -1,6 +1,6 @@
 """Benchmark the convert stage against seed 000's method and the byte-copy limit, side by side in one run.
 
-    python benchmarks/bench_convert.py [--copies 5] [--skip-8x] [--skip-row-groups]
+    python -m benchmarks.bench_convert [--copies 5] [--skip-8x] [--skip-row-groups]
 
 Images: unique variants of ../shared/data/imagenet-samples (copy 0 = the original bytes, copy k = k border pixels
 cropped off each side and re-encoded at q90), packed into one tar with a manifest + label map, exactly as the
@@ -9,6 +9,7 @@ a fresh subprocess; peak memory = the highest sum of PSS over that process tree 
 count pages shared by forked workers twice) — the memory the method needs. Times exclude interpreter start-up and
 the worker pool's start (each child times its own work; steady state). Page cache warm. Best of 2 runs per row.
 Table 2 measures the row-group trade-off for a reader: random row reads vs a full scan."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,31 +18,29 @@ import json
 import multiprocessing
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-WORK = REPO / "benchmarks" / "_work" / "convert"
-SAMPLES = REPO.parent / "shared" / "data" / "imagenet-samples"
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, SAMPLES, cpu_seconds
+from benchmarks.common import WORK as BENCH_WORK
+from tasks.common.manifests import MANIFEST_SCHEMA
+from tasks.common.params import load_project
+from tasks.convert.distribute import run_local
+from tasks.convert.job import job_from_params
 
-from tasks.common.params import load_project  # noqa: E402
-from tasks.convert.distribute import run_local  # noqa: E402
-from tasks.convert.job import job_from_params  # noqa: E402
-
-MANIFEST = pa.schema([("split", pa.string()), ("label", pa.int64()), ("wnid", pa.string()), ("name", pa.string()),
-                      ("source", pa.string()), ("member", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
+WORK = BENCH_WORK / "convert"
 
 
 # ------------------------------------------------------------------ data
@@ -49,7 +48,7 @@ def _variant(args: tuple[Path, int]) -> tuple[str, bytes]:
     path, copy = args
     data = path.read_bytes()
     if copy:
-        im = Image.open(io.BytesIO(data))
+        im: Image.Image = Image.open(io.BytesIO(data))
         im = im.crop((copy, copy, im.width - copy, im.height - copy))
         buf = io.BytesIO()
         im.save(buf, "JPEG", quality=90)
@@ -81,16 +80,28 @@ def write_index(root: Path, entries: list[tuple[str, int, int]], repeat: int) ->
     """Manifest (sorted by wnid, name) + label map; `repeat` > 1 lists every entry again under another name."""
     wnids = sorted({name.split("_")[0] for name, _, _ in entries})
     label = {w: i for i, w in enumerate(wnids)}
-    rows = [{"split": "train", "label": label[n.split("_")[0]], "wnid": n.split("_")[0],
-             "name": n if r == 0 else n.replace(".JPEG", f"_r{r}.JPEG"), "source": "data/raw/images.tar",
-             "member": n, "offset": o, "size": s} for r in range(repeat) for n, o, s in entries]
+    rows = [
+        {
+            "split": "train",
+            "label": label[n.split("_")[0]],
+            "wnid": n.split("_")[0],
+            "name": n if r == 0 else n.replace(".JPEG", f"_r{r}.JPEG"),
+            "source": "data/raw/images.tar",
+            "member": n,
+            "offset": o,
+            "size": s,
+        }
+        for r in range(repeat)
+        for n, o, s in entries
+    ]
     if repeat == 1:  # the contract's order; repeats stay as `repeat` passes over the sorted base set
         rows.sort(key=lambda row: (row["wnid"], row["name"]))
     (root / "data" / "manifests").mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=MANIFEST), root / "data" / "manifests" / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA), root / "data" / "manifests" / "train.parquet")
     classes = [{"label": i, "wnid": w, "name": w, "words": w, "ilsvrc2012_id": None} for i, w in enumerate(wnids)]
-    (root / "data" / "label_map.json").write_text(json.dumps({"num_classes": len(wnids), "label_source": "folder",
-                                                              "classes": classes}))
+    (root / "data" / "label_map.json").write_text(
+        json.dumps({"num_classes": len(wnids), "label_source": "folder", "classes": classes})
+    )
 
 
 def repeated_set(base: Path, times: int) -> Path:
@@ -103,13 +114,15 @@ def repeated_set(base: Path, times: int) -> Path:
     if not link.exists():
         link.symlink_to(base / "data" / "raw" / "images.tar")
     table = pq.read_table(base / "data" / "manifests" / "train.parquet")
-    entries = list(zip(table["member"].to_pylist(), table["offset"].to_pylist(), table["size"].to_pylist()))
+    columns = (table[c].to_pylist() for c in ("member", "offset", "size"))
+    entries = list(zip(*columns, strict=True))
     write_index(root, entries, repeat=times)
     return root
 
 
-def _rows(root: Path) -> list[dict]:
-    return pq.read_table(root / "data" / "manifests" / "train.parquet").to_pylist()
+def _rows(root: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(root / "data" / "manifests" / "train.parquet").to_pylist()
+    return rows
 
 
 # ------------------------------------------------------------------ methods (run in a child process)
@@ -138,16 +151,33 @@ def byte_copy(root: Path, out: Path) -> int:
     return len(rows)
 
 
-def stage(root: Path, out: Path, policy: str, workers: int, row_group_rows: int = 100, shard_mb: float = 256,
-          pool: ProcessPoolExecutor | None = None, fingerprint: bool = True) -> int:
+def stage(
+    root: Path,
+    out: Path,
+    policy: str,
+    workers: int,
+    row_group_rows: int = 100,
+    shard_mb: float = 256,
+    pool: ProcessPoolExecutor | None = None,
+    fingerprint: bool = True,
+) -> int:
     project = load_project(REPO / "params.yaml")
-    cfg = project.params.convert.model_copy(update={
-        "policy": policy, "quality": 95, "resize_shorter": None, "exif": "keep", "shard_mb": shard_mb,
-        "row_group_rows": row_group_rows, "max_bad_fraction": 0.01, "max_image_pixels": 178956970,
-        "fingerprint": fingerprint})
+    cfg = project.params.convert.model_copy(
+        update={
+            "policy": policy,
+            "quality": 95,
+            "resize_shorter": None,
+            "exif": "keep",
+            "shard_mb": shard_mb,
+            "row_group_rows": row_group_rows,
+            "max_bad_fraction": 0.01,
+            "max_image_pixels": 178956970,
+            "fingerprint": fingerprint,
+        }
+    )
     p = {k: Path(v) for k, v in project.params.paths.model_dump().items() if v is not None}  # relative to root
     p.update(parquet=out / "parquet", work=out / "work", metrics=out / "metrics")
-    return run_local(job_from_params(cfg, p, root=root), workers=workers, progress=False, pool=pool)["rows"]
+    return int(run_local(job_from_params(cfg, p, root=root), workers=workers, progress=False, pool=pool)["rows"])
 
 
 def _warm(_: int) -> int:
@@ -166,43 +196,41 @@ def warm_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
-def child(method: str, root: Path, out: Path, extra: dict) -> None:
+def child(method: str, root: Path, out: Path, extra: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    fns = {"seed": seed_method, "copy": byte_copy, "stage": stage}
+    fns: dict[str, Callable[..., int]] = {"seed": seed_method, "copy": byte_copy, "stage": stage}
     started = time.perf_counter()
     if method == "stage" and extra["workers"] > 1:
         extra["pool"] = warm_pool(extra["workers"])
     startup = time.perf_counter() - started
-    cpu, started = _cpu(), time.perf_counter()
+    cpu, started = cpu_seconds(), time.perf_counter()
     count = fns[method](root, out, **extra)
     seconds = time.perf_counter() - started
     if "pool" in extra:
         extra["pool"].shutdown()  # reaps the workers: their CPU time joins RUSAGE_CHILDREN
-    print(json.dumps({"count": count, "seconds": seconds, "startup": startup, "cpu": _cpu() - cpu}))
+    print(json.dumps({"count": count, "seconds": seconds, "startup": startup, "cpu": cpu_seconds() - cpu}))
 
 
-def _cpu() -> float:
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def measure(method: str, root: Path, label: str, repeat: int = 2, **extra) -> dict:
+def measure(method: str, root: Path, label: str, repeat: int = 2, **extra: Any) -> dict[str, Any]:
     """Best of `repeat` runs (the machine is shared: wall time is noisy; CPU time per image is not)."""
     runs = [_measure_once(method, root, label, **extra) for _ in range(repeat)]
     best = max(runs, key=lambda r: r["img_s"])
-    return {**best, "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-            "cpu_ms": min(r["cpu_ms"] for r in runs)}
+    return {**best, "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "cpu_ms": min(r["cpu_ms"] for r in runs)}
 
 
-def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
+def _measure_once(method: str, root: Path, label: str, **extra: Any) -> dict[str, Any]:
     """Run one method in a fresh process; sample the memory of its whole process tree.
 
     PSS (proportional set size), not RSS: forked workers share the parent's pages, and RSS would count them
     once per process."""
     out = WORK / "out" / label
     shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, __file__, "--child", method, str(root), str(out), json.dumps(extra)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.bench_convert", "--child", method, str(root), str(out), json.dumps(extra)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     parent, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:
         try:
@@ -211,16 +239,23 @@ def _measure_once(method: str, root: Path, label: str, **extra) -> dict:
         except psutil.Error:
             pass
         time.sleep(0.02)
-    result = json.loads(proc.stdout.read().strip().splitlines()[-1])
+    result = json.loads(proc.communicate()[0].strip().splitlines()[-1])
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and "work" not in f.relative_to(out).parts)
     shutil.rmtree(out)  # GBs at 8x
-    return {"label": label, "images": result["count"], "seconds": result["seconds"], "startup": result["startup"],
-            "cpu_ms": result["cpu"] / result["count"] * 1e3,
-            "img_s": result["count"] / result["seconds"], "peak_rss_mb": peak / 2**20, "out_mb": size / 2**20}
+    return {
+        "label": label,
+        "images": result["count"],
+        "seconds": result["seconds"],
+        "startup": result["startup"],
+        "cpu_ms": result["cpu"] / result["count"] * 1e3,
+        "img_s": result["count"] / result["seconds"],
+        "peak_rss_mb": peak / 2**20,
+        "out_mb": size / 2**20,
+    }
 
 
 # ------------------------------------------------------------------ row groups
-def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[dict]:
+def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[dict[str, Any]]:
     results = []
     for rows in sizes:
         out = WORK / "out" / f"rg{rows}"
@@ -232,7 +267,7 @@ def row_group_trade_off(root: Path, sizes: list[int], reads: int = 300) -> list[
     return results
 
 
-def _random_reads(files: list[Path], reads: int) -> dict:
+def _random_reads(files: list[Path], reads: int) -> dict[str, Any]:
     handles = [pq.ParquetFile(f) for f in files]
     index = [(h, g, h.metadata.row_group(g).num_rows) for h in handles for g in range(h.num_row_groups)]
     offsets, total = [], 0
@@ -251,7 +286,7 @@ def _random_reads(files: list[Path], reads: int) -> dict:
     return {"random_row_ms": ms, "footer_kb": footer / 1024, "row_groups": len(index)}
 
 
-def _scan(files: list[Path]) -> dict:
+def _scan(files: list[Path]) -> dict[str, Any]:
     started, nbytes, count = time.perf_counter(), 0, 0
     for f in files:
         for batch in pq.ParquetFile(f).iter_batches(batch_size=256, columns=["image", "label"]):
@@ -262,13 +297,17 @@ def _scan(files: list[Path]) -> dict:
 
 
 # ------------------------------------------------------------------ main
-def _table(rows: list[dict], base: dict, limit: dict) -> str:
-    lines = [f"{'method':44} {'images':>7} {'img/s':>8} {'x seed':>7} {'x copy':>7} {'peak PSS MB':>11} "
-             f"{'out MB':>7} {'start s':>7} {'CPU ms/img':>10} {'x seed CPU':>10}"]
-    for r in rows:
-        lines.append(f"{r['label']:44} {r['images']:7d} {r['img_s']:8.0f} {r['img_s'] / base['img_s']:7.2f} "
-                     f"{r['img_s'] / limit['img_s']:7.2f} {r['peak_rss_mb']:11.0f} {r['out_mb']:7.0f} "
-                     f"{r['startup']:7.1f} {r['cpu_ms']:10.3f} {base['cpu_ms'] / r['cpu_ms']:10.2f}")
+def _table(rows: list[dict[str, Any]], base: dict[str, Any], limit: dict[str, Any]) -> str:
+    head = (
+        f"{'method':44} {'images':>7} {'img/s':>8} {'x seed':>7} {'x copy':>7} {'peak PSS MB':>11} "
+        f"{'out MB':>7} {'start s':>7} {'CPU ms/img':>10} {'x seed CPU':>10}"
+    )
+    lines = [head] + [
+        f"{r['label']:44} {r['images']:7d} {r['img_s']:8.0f} {r['img_s'] / base['img_s']:7.2f} "
+        f"{r['img_s'] / limit['img_s']:7.2f} {r['peak_rss_mb']:11.0f} {r['out_mb']:7.0f} "
+        f"{r['startup']:7.1f} {r['cpu_ms']:10.3f} {base['cpu_ms'] / r['cpu_ms']:10.2f}"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -282,17 +321,22 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{SAMPLES}: expected the real sample JPEGs (../shared/data/imagenet-samples)")
     started = time.perf_counter()
     root = build_images(args.copies)
-    print(f"image set: {root} ({(root / 'data/raw/images.tar').stat().st_size / 1e6:.0f} MB tar), "
-          f"built/reused in {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        f"image set: {root} ({(root / 'data/raw/images.tar').stat().st_size / 1e6:.0f} MB tar), "
+        f"built/reused in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
     measure("copy", root, "warm-up (page cache)", repeat=1)
     limit = measure("copy", root, "byte-copy limit (pread + append, 1 proc)")
     base = measure("seed", root, "seed 000 (q95, lists in RAM, zstd, rg 1000)")
-    rows = [base, limit,
-            measure("stage", root, "stage passthrough, 2 procs", policy="passthrough", workers=2),
-            measure("stage", root, "stage passthrough, 2 procs, shard_mb=64", policy="passthrough", workers=2,
-                    shard_mb=64),
-            measure("stage", root, "stage passthrough, 1 proc", policy="passthrough", workers=1),
-            measure("stage", root, "stage reencode q95, 2 procs", policy="reencode", workers=2)]
+    rows = [
+        base,
+        limit,
+        measure("stage", root, "stage passthrough, 2 procs", policy="passthrough", workers=2),
+        measure("stage", root, "stage passthrough, 2 procs, shard_mb=64", policy="passthrough", workers=2, shard_mb=64),
+        measure("stage", root, "stage passthrough, 1 proc", policy="passthrough", workers=1),
+        measure("stage", root, "stage reencode q95, 2 procs", policy="reencode", workers=2),
+    ]
     if not args.skip_8x:
         big = repeated_set(root, 8)
         rows.append(measure("stage", big, "stage passthrough, 2 procs, 8x rows", policy="passthrough", workers=2))
@@ -300,11 +344,20 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_8x:
         print(f"\npeak PSS 8x / 1x (passthrough, 2 procs): {rows[-1]['peak_rss_mb'] / rows[2]['peak_rss_mb']:.2f}")
     if not args.skip_row_groups:
-        print(f"\n{'row_group_rows':>14} {'row groups':>10} {'random row ms':>13} {'footer KB':>9} "
-              f"{'scan img/s':>10} {'scan MB/s':>9}")
-        for r in row_group_trade_off(root, [10, 50, 100, 200, 1000]):
-            print(f"{r['row_group_rows']:14d} {r['row_groups']:10d} {r['random_row_ms']:13.2f} "
-                  f"{r['footer_kb']:9.0f} {r['scan_img_s']:10.0f} {r['scan_mb_s']:9.0f}")
+        print_row_groups(root)
+
+
+def print_row_groups(root: Path) -> None:
+    """Table 2: random row reads vs a full scan, per row group size."""
+    print(
+        f"\n{'row_group_rows':>14} {'row groups':>10} {'random row ms':>13} {'footer KB':>9} "
+        f"{'scan img/s':>10} {'scan MB/s':>9}"
+    )
+    for r in row_group_trade_off(root, [10, 50, 100, 200, 1000]):
+        print(
+            f"{r['row_group_rows']:14d} {r['row_groups']:10d} {r['random_row_ms']:13.2f} "
+            f"{r['footer_kb']:9.0f} {r['scan_img_s']:10.0f} {r['scan_mb_s']:9.0f}"
+        )
 
 
 if __name__ == "__main__":

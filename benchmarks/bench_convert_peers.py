@@ -1,7 +1,7 @@
 """Convert's CPU per image beside the writers of webdataset and MDS (mosaicml-streaming), on the same real JPEGs,
 one process each, side by side in one run (issue 22, item 4).
 
-    python benchmarks/bench_convert_peers.py [--copies 5] [--rounds 3] [--work DIR] [--baseline CHECKOUT]
+    python -m benchmarks.bench_convert_peers [--copies 5] [--rounds 3] [--work DIR] [--baseline CHECKOUT]
 
 The images are bench_convert.py's set (--copies x the 1000 real samples: copy 0 the original bytes, copy k cropped
 by k pixels and re-encoded; one tar + manifest + label map, as extract indexes an archive). Every tool reads each
@@ -19,34 +19,43 @@ computes differs:
 A tool that does not import is listed as skipped. CPU = user + sys of the child per image (process_time); each tool
 runs once per round in a fresh process, rounds interleaved; the table shows the least CPU over the rounds and the
 median over rounds of the ratio to webdataset in the same round (the machine is shared: wall time swings)."""
+
 from __future__ import annotations
 
 import argparse
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
+import pyarrow.parquet as pq
 
-import bench_convert  # noqa: E402
+from benchmarks import bench_convert
+from benchmarks.common import REPO
 
 SHARD_BYTES = 256 << 20
-TOOLS = ["this project, fingerprint true", "this project, fingerprint false", "webdataset", "webdataset + MD5 (DVC)",
-         "MDS (MDSWriter)", "byte copy (floor)"]
+TOOLS = [
+    "this project, fingerprint true",
+    "this project, fingerprint false",
+    "webdataset",
+    "webdataset + MD5 (DVC)",
+    "MDS (MDSWriter)",
+    "byte copy (floor)",
+]
 BASELINE = "baseline checkout, fingerprint false"
+Result = dict[str, Any] | str  # a tool's measurement (count, cpu, wall, ms), or why it was skipped
 
 
-def _reads(root: Path):
-    import pyarrow.parquet as pq
-
+def _reads(root: Path) -> Iterator[tuple[int, bytes]]:
     rows = pq.read_table(root / "data" / "manifests" / "train.parquet", columns=["label", "offset", "size"])
     fd = os.open(root / "data" / "raw" / "images.tar", os.O_RDONLY)
     for label, offset, size in zip(*(rows.column(c).to_pylist() for c in ("label", "offset", "size")), strict=True):
@@ -68,11 +77,8 @@ def _webdataset(root: Path, out: Path, md5: bool) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _mds_writer():
+def _mds_writer() -> Any:
     """streaming's MDSWriter without streaming/__init__ (which imports torchvision and transformers)."""
-    import importlib.util
-    import types
-
     spec = importlib.util.find_spec("streaming")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("mosaicml-streaming not installed")
@@ -105,10 +111,14 @@ def _copy(root: Path, out: Path) -> int:
 
 def child(tool: str, root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    runs = {TOOLS[0]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=True),
-            TOOLS[1]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=False),
-            TOOLS[2]: lambda: _webdataset(root, out, md5=False), TOOLS[3]: lambda: _webdataset(root, out, md5=True),
-            TOOLS[4]: lambda: _mds(root, out), TOOLS[5]: lambda: _copy(root, out)}
+    runs: dict[str, Callable[[], int]] = {
+        TOOLS[0]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=True),
+        TOOLS[1]: lambda: bench_convert.stage(root, out, "passthrough", 1, fingerprint=False),
+        TOOLS[2]: lambda: _webdataset(root, out, md5=False),
+        TOOLS[3]: lambda: _webdataset(root, out, md5=True),
+        TOOLS[4]: lambda: _mds(root, out),
+        TOOLS[5]: lambda: _copy(root, out),
+    }
     if tool.startswith("this project"):
         import tasks.convert.stage  # noqa: F401  (imports outside the timing, as the other tools')
     elif tool.startswith("webdataset"):
@@ -120,20 +130,25 @@ def child(tool: str, root: Path, out: Path) -> None:
     print(json.dumps({"count": count, "cpu": time.process_time() - cpu, "wall": time.perf_counter() - started}))
 
 
-def _run(tool: str, root: Path, work: Path, baseline: Path | None = None) -> dict | str:
+def _run(tool: str, root: Path, work: Path, baseline: Path | None = None) -> Result:
     """One tool in a fresh process; BASELINE: the convert stage (fingerprint false) of another checkout."""
     out = work / "out" / str(TOOLS.index(tool) if tool in TOOLS else len(TOOLS))
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    script, env = Path(__file__), None
+    checkout, env = REPO, None
     if tool == BASELINE and baseline is not None:
-        script, env = baseline / "benchmarks" / Path(__file__).name, {**os.environ, "PYTHONPATH": str(baseline)}
+        checkout, env = baseline, {**os.environ, "PYTHONPATH": str(baseline)}
         tool = TOOLS[1]
-    proc = subprocess.run([sys.executable, str(script), "--child", tool, str(root), str(out)], capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_convert_peers", "--child", tool, str(root), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=checkout,
+    )
     subprocess.run(["rm", "-rf", str(out)], check=True)
     if proc.returncode:
         return "skipped: " + (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return {**result, "ms": result["cpu"] / result["count"] * 1e3}
 
 
@@ -142,31 +157,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copies", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=bench_convert.WORK)
-    parser.add_argument("--baseline", type=Path, help="another checkout (e.g. `git worktree add DIR main`): its "
-                        "convert stage with fingerprint false runs too, in the same rounds")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git worktree add DIR main`): its "
+        "convert stage with fingerprint false runs too, in the same rounds",
+    )
     args = parser.parse_args(argv)
     bench_convert.WORK = args.work
     root = bench_convert.build_images(args.copies)
     tools = TOOLS + [BASELINE] * (args.baseline is not None)
-    rounds: list[dict[str, dict | str]] = []
+    rounds: list[dict[str, Result]] = []
     for k in range(args.rounds):
         rounds.append({tool: _run(tool, root, args.work, args.baseline) for tool in tools})
-        print(f"round {k}: " + ", ".join(f"{t} {r['ms']:.3f}" if isinstance(r, dict) else f"{t} {r}"
-                                         for t, r in rounds[-1].items()), flush=True)
+        print(
+            f"round {k}: "
+            + ", ".join(f"{t} {r['ms']:.3f}" if isinstance(r, dict) else f"{t} {r}" for t, r in rounds[-1].items()),
+            flush=True,
+        )
     print_table(rounds)
 
 
-def print_table(rounds: list[dict[str, dict | str]]) -> None:
+def print_table(rounds: list[dict[str, Result]]) -> None:
     images = next(r["count"] for r in rounds[0].values() if isinstance(r, dict))
     print(f"\n{images} images, one process each, {len(rounds)} rounds\n")
     print("| writer | CPU ms/img (least) | ÷ webdataset (median of rounds) | wall s (least) |\n|---|---:|---:|---:|")
     for tool in rounds[0]:
-        runs = [r[tool] for r in rounds if isinstance(r[tool], dict)]
+        runs = [run for r in rounds if isinstance(run := r[tool], dict)]
         if not runs:
             print(f"| {tool} | {rounds[0][tool]} | | |")
             continue
-        ratios = [r[tool]["ms"] / r["webdataset"]["ms"] for r in rounds
-                  if isinstance(r[tool], dict) and isinstance(r["webdataset"], dict)]
+        ratios = [
+            run["ms"] / peer["ms"]
+            for r in rounds
+            if isinstance(run := r[tool], dict) and isinstance(peer := r["webdataset"], dict)
+        ]
         ratio = f"{statistics.median(ratios):.2f}" if ratios else "—"
         print(f"| {tool} | {min(r['ms'] for r in runs):.3f} | {ratio} | {min(r['wall'] for r in runs):.2f} |")
 

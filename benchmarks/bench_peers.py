@@ -1,7 +1,7 @@
 """This reader beside its peers on the same images, warm and cold, side by side in one run (issue 13, item 3).
 
-    python benchmarks/bench_peers.py [--images 5000] [--workers 2] [--batch-size 64] [--rounds 3] [--no-cold]
-    python benchmarks/bench_peers.py --grayscale      # grayscale JPEGs: stored as found vs as RGB (item 5)
+    python -m benchmarks.bench_peers [--images 5000] [--workers 2] [--batch-size 64] [--rounds 3] [--no-cold]
+    python -m benchmarks.bench_peers --grayscale      # grayscale JPEGs: stored as found vs as RGB (item 5)
 
 The images, the ImageFolder tree and the passthrough shards are bench_reader.py's (same `--work`, reused). Every
 tool gets the same per-sample work — PIL decode + convert("RGB") -> RandomResizedCrop(224) -> flip -> uint8 CHW
@@ -17,32 +17,40 @@ skipped, with the reason:
     cache once; cold runs evict that cache too), map-style with shuffle, the Image feature decoding.
 Cold = every file under --work evicted from the page cache (posix_fadvise DONTNEED) right before each run.
 """
+
 from __future__ import annotations
 
 import argparse
 import io
-import os
-import sys
-from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from torch.utils.data import Dataset
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-
-from bench_reader import (  # noqa: E402
-    FolderDataset, InMemoryDataset, RandomResizedCropFlip, Result, epoch, evict, loadavg, prepare, warm,
+from benchmarks.bench_reader import (
+    Epoch,
+    FolderDataset,
+    InMemoryDataset,
+    RandomResizedCropFlip,
+    Result,
+    Run,
+    Transform,
+    epoch,
+    hf_run,
+    measure,
+    prepare,
+    warm,
 )
-from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset  # noqa: E402
+from benchmarks.common import SAMPLES, WORK, evict_tree
+from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset
 
 FOLDER = "ImageFolder equivalent (PIL folder dataset)"
 
 
-def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: Callable) -> Callable | str:
+def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: Transform) -> Run | str:
+    """webdataset tar shards written once under `work` (--wds-shards of them), read with shard shuffle and a
+    1000-sample buffer; a reason to skip when webdataset is not installed (an optional peer)."""
     try:
         import webdataset as wds
     except ImportError:
@@ -60,53 +68,29 @@ def webdataset_run(folder: list[tuple[str, int]], work: Path, shards: int, tf: C
     def sample(s: dict[str, Any]) -> tuple[Any, int]:
         return tf(Image.open(io.BytesIO(s["jpg"])).convert("RGB")), int(s["cls"])
 
-    def run(args: argparse.Namespace):
+    def run(args: argparse.Namespace) -> Epoch:
         ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000).map(sample)
         return epoch(ds, args)
+
     return run
 
 
-class HFImages(Dataset):
-    def __init__(self, hf: Any, tf: Callable):
-        self.hf, self.tf = hf, tf
-
-    def __len__(self) -> int:
-        return len(self.hf)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        row = self.hf[int(i)]
-        return self.tf(row["image"].convert("RGB")), int(row["label"])
-
-
-def hf_run(shards: Path, work: Path, tf: Callable) -> Callable | str:
-    try:
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-        import datasets
-    except ImportError:
-        return "skipped: datasets not installed (pip install datasets)"
-    files = sorted(str(p) for p in (shards / "train").glob("*.parquet"))
-    hf = datasets.load_dataset("parquet", data_files={"train": files}, split="train",
-                               cache_dir=str(work / "peers" / "hf-cache"))
-
-    def run(args: argparse.Namespace):
-        return epoch(HFImages(hf, tf), args, shuffle=True)
-    return run
-
-
-def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace) -> dict[str, Callable | str]:
+def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace) -> dict[str, Run | str]:
     tf = RandomResizedCropFlip()
 
-    def ceiling(a: argparse.Namespace):
-        ds = ParquetImageDataset(shards, "train", decode=False)
+    def ceiling(a: argparse.Namespace) -> Epoch:
+        ds = ParquetImageDataset(shards, "train", decode=False, overlay=False)
         return epoch(InMemoryDataset([ds[i][0] for i in range(len(ds))], ds.targets.tolist(), tf), a, shuffle=True)
 
     return {
         FOLDER: lambda a: epoch(FolderDataset(folder, tf), a, shuffle=True),
         "decode-only ceiling (bytes in RAM)": ceiling,
         "this project, iterable (buffer 1000)": lambda a: epoch(
-            ParquetIterableDataset(shards, "train", transform=tf, seed=1), a),
-        "this project, map-style, shuffle": lambda a: epoch(ParquetImageDataset(shards, "train", transform=tf), a,
-                                                            shuffle=True),
+            ParquetIterableDataset(shards, "train", transform=tf, seed=1, overlay=False), a
+        ),
+        "this project, map-style, shuffle": lambda a: epoch(
+            ParquetImageDataset(shards, "train", transform=tf, overlay=False), a, shuffle=True
+        ),
         "litdata StreamingDataset": "skipped: installing litdata would replace torch 2.13 (pip install --dry-run)",
         "webdataset": webdataset_run(folder, args.work, args.wds_shards, tf),
         "mosaicml-streaming": "skipped: installing mosaicml-streaming would replace torch 2.13 and numpy",
@@ -116,10 +100,8 @@ def tools(folder: list[tuple[str, int]], shards: Path, args: argparse.Namespace)
 
 def grayscale(samples: Path, repeats: int = 40) -> None:
     """Issue 13 item 5: the grayscale sample JPEGs as found vs re-encoded as RGB JPEG, bytes and decode CPU."""
-    import time
-
     gray = [p for p in sorted(samples.glob("*.JPEG")) if Image.open(p).mode == "L"]
-    totals = {"as found (mode L)": [0, 0.0], "RGB JPEG q90": [0, 0.0], "RGB JPEG q95": [0, 0.0]}
+    totals: dict[str, list[float]] = {"as found (mode L)": [0, 0.0], "RGB JPEG q90": [0, 0.0], "RGB JPEG q95": [0, 0.0]}
     for path in gray:
         data = path.read_bytes()
         rgb = Image.open(io.BytesIO(data)).convert("RGB")
@@ -149,19 +131,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--wds-shards", type=int, default=8)
-    parser.add_argument("--samples", type=Path, default=REPO.parent / "shared" / "data" / "imagenet-samples")
-    parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "reader")
+    parser.add_argument("--samples", type=Path, default=SAMPLES)
+    parser.add_argument("--work", type=Path, default=WORK / "reader")
     parser.add_argument("--no-cold", action="store_true")
     parser.add_argument("--grayscale", action="store_true", help="only the grayscale bytes/decode measurement")
     args = parser.parse_args(argv)
     if args.grayscale:
         return grayscale(args.samples)
     args.work = args.work / f"{args.images}-images"
-    folder, shards, _, _ = prepare(args)
+    folder, shards, *_ = prepare(args)
     everything = tools(folder, shards, args)
-    runs = {name: run for name, run in everything.items() if callable(run)}
+    runs = {name: run for name, run in everything.items() if not isinstance(run, str)}
     for name, why in everything.items():
-        if not callable(why):
+        if isinstance(why, str):
             print(f"  {name}: {why}")
     warm(sorted(p for p in args.work.rglob("*") if p.is_file()))
     best: dict[tuple[str, str], Result] = {}
@@ -171,28 +153,33 @@ def main(argv: list[str] | None = None) -> None:
                 if cache == "cold" and "ceiling" in name:
                     continue
                 if cache == "cold":
-                    evict(args.work)
-                before = loadavg()
-                rate, per_cpu, seen, first = run(args)
-                assert seen == args.images, (name, seen)
-                print(f"  {cache}#{round_} {name:42s} {rate:6.0f} img/s {1000 / per_cpu:5.2f} CPU ms/img", flush=True)
-                if (cache, name) not in best or rate > best[(cache, name)].rate:
-                    best[(cache, name)] = Result(cache, name, rate, per_cpu, f"{before} -> {loadavg()}", first)
+                    evict_tree([args.work])
+                r = measure(cache, name, run, args)
+                print(
+                    f"  {cache}#{round_} {name:42s} {r.rate:6.0f} img/s {1000 / r.per_cpu:5.2f} CPU ms/img", flush=True
+                )
+                if (cache, name) not in best or r.rate > best[(cache, name)].rate:
+                    best[(cache, name)] = r
     print_table(best, everything)
 
 
-def print_table(best: dict[tuple[str, str], Result], everything: dict[str, Callable | str]) -> None:
-    print("\n| reader | warm img/s | ÷ ImageFolder | CPU ms/img | cold img/s (best) | ÷ ImageFolder cold | "
-          "cold ÷ own warm | cold CPU ms/img |")
+def print_table(best: dict[tuple[str, str], Result], everything: dict[str, Run | str]) -> None:
+    print(
+        "\n| reader | warm img/s | ÷ ImageFolder | CPU ms/img | cold img/s (best) | ÷ ImageFolder cold | "
+        "cold ÷ own warm | cold CPU ms/img |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    base_w, base_c = best.get(("warm", FOLDER)), best.get(("cold", FOLDER))
+    base_w, base_c = best[("warm", FOLDER)], best.get(("cold", FOLDER))
     for name, run in everything.items():
-        if not callable(run):
+        if isinstance(run, str):
             print(f"| {name} | {run} | | | | | | |")
             continue
         w, c = best[("warm", name)], best.get(("cold", name))
-        cold = (f"{c.rate:.0f} | {c.rate / base_c.rate:.2f} | {c.rate / w.rate:.2f} | {1000 / c.per_cpu:.2f}"
-                if c and base_c else "— | — | — | —")
+        cold = (
+            f"{c.rate:.0f} | {c.rate / base_c.rate:.2f} | {c.rate / w.rate:.2f} | {1000 / c.per_cpu:.2f}"
+            if c and base_c
+            else "— | — | — | —"
+        )
         print(f"| {name} | {w.rate:.0f} | {w.rate / base_w.rate:.2f} | {1000 / w.per_cpu:.2f} | {cold} |")
 
 

@@ -1,6 +1,6 @@
 """Class mix per row group in hashed order when one file name is in every class (issue 28 item 7).
 
-    PYTHONPATH=. python benchmarks/bench_same_names.py [--classes 200] [--per-class 20] [--group 100]
+    python -m benchmarks.bench_same_names [--classes 200] [--per-class 20] [--group 100]
 
 A folder tree of --classes classes, each holding the same --per-class file names 0001.jpg, 0002.jpg, ...; the
 manifest (sorted by class, name) is put in hashed order by the rule before the class tie (order_hash(name), then

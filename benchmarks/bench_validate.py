@@ -6,9 +6,10 @@ row groups of `--row-group-rows` rows. Every measurement runs in a fresh child p
   validate  tasks.validate.run_validation (metadata columns only in pandas; image bytes streamed per row group)
   baseline  the naive way: the whole split (image bytes included) read into a DataFrame, then hashed
 
-    python benchmarks/bench_validate.py                 # N = 24 and 96 rows of 1 MB
-    python benchmarks/bench_validate.py --rows 50 --json
+    python -m benchmarks.bench_validate                 # N = 24 and 96 rows of 1 MB
+    python -m benchmarks.bench_validate --rows 50 --json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,22 +19,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # not benchmarks.common's: the child's peak RSS holds only what it measures
 WORK = REPO / "benchmarks" / "_work" / "validate"
+MODES = ("validate", "baseline")
 
 
 def build(root: Path, rows: int, blob_mb: float, row_group_rows: int) -> Path:
     """A valid dataset of `rows` train images (val: a quarter of them, at least one per class)."""
-    sys.path.insert(0, str(REPO))
     import numpy as np
 
     from tests.helpers.datasets import make_dataset
 
     size = int(blob_mb * (1 << 20))
     per_class = max(1, rows // 4)
-    ds = make_dataset(root, classes=4, train_per_class=per_class, val_per_class=max(1, per_class // 4),
-                      blob=lambda seed: b"\xff\xd8" + np.random.default_rng(seed).bytes(size - 2))
+    ds = make_dataset(
+        root,
+        classes=4,
+        train_per_class=per_class,
+        val_per_class=max(1, per_class // 4),
+        blob=lambda seed: b"\xff\xd8" + np.random.default_rng(seed).bytes(size - 2),
+    )
     ds.row_group_rows, ds.shards = row_group_rows, {"train": 2, "val": 1}
     ds.write()
     return root
@@ -50,10 +57,20 @@ def _child(mode: str, root: Path) -> None:
 
     started = time.perf_counter()
     if mode == "validate":
-        params = ValidateParams(train_count=[1, 10**6], val_count=[1, 10**6], decode_sample=0, leakage_max_pairs=0,
-                                report_examples=5, contact_sheet_per_class=1, contact_sheet_classes=1,
-                                near_duplicates_distance=8, near_duplicates_max_pairs=0, near_duplicates_chance_margin=0,
-                                near_duplicates_train_distance=4, workers=1)
+        params = ValidateParams(
+            train_count=[1, 10**6],
+            val_count=[1, 10**6],
+            decode_sample=0,
+            leakage_max_pairs=0,
+            report_examples=5,
+            contact_sheet_per_class=1,
+            contact_sheet_classes=1,
+            near_duplicates_distance=8,
+            near_duplicates_max_pairs=0,
+            near_duplicates_chance_margin=0,
+            near_duplicates_train_distance=4,
+            workers=1,
+        )
         report = run_validation(root / "parquet", root / "manifests", root / "label_map.json", params)
         assert report["status"] == "pass", [c["message"] for c in report["checks"] if c["status"] != "pass"]
     else:
@@ -76,10 +93,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(mode: str, root: Path) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", mode, str(root)], capture_output=True, text=True,
-                          check=True, cwd=REPO)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def measure(mode: str, root: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_validate", "--child", mode, str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
 
 
 def dataset_size(root: Path) -> tuple[int, float]:
@@ -90,26 +113,28 @@ def dataset_size(root: Path) -> tuple[int, float]:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files), sum(f.stat().st_size for f in files) / 1e6
 
 
-def run(rows: int, blob_mb: float, row_group_rows: int, work: Path) -> list[dict]:
+def run(rows: int, blob_mb: float, row_group_rows: int, work: Path) -> list[dict[str, Any]]:
     results = []
     for count in (rows, 4 * rows):
         root = build(work / f"rows-{count}", count, blob_mb, row_group_rows)
         total_rows, megabytes = dataset_size(root)
-        for mode in ("validate", "baseline"):
-            results.append({"rows": total_rows, "parquet_mb": round(megabytes, 1), **measure(mode, root)})
+        results += [{"rows": total_rows, "parquet_mb": round(megabytes, 1), **measure(m, root)} for m in MODES]
     return results
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'rows':>6} {'parquet MB':>11} {'mode':>9} {'peak RSS MB':>12} {'seconds':>8}"]
-    lines += [f"{r['rows']:>6} {r['parquet_mb']:>11} {r['mode']:>9} {r['peak_rss_mb']:>12} {r['seconds']:>8}"
-              for r in results]
-    for mode in ("validate", "baseline"):
+    lines += [
+        f"{r['rows']:>6} {r['parquet_mb']:>11} {r['mode']:>9} {r['peak_rss_mb']:>12} {r['seconds']:>8}" for r in results
+    ]
+    for mode in MODES:
         small, large = [r for r in results if r["mode"] == mode]
         growth = large["peak_rss_mb"] - small["peak_rss_mb"]
         extra = large["parquet_mb"] - small["parquet_mb"]
-        lines.append(f"{mode}: peak RSS grows {growth:.1f} MB for {extra:.1f} MB more image bytes "
-                     f"({growth / extra:.2f} MB per MB)")
+        lines.append(
+            f"{mode}: peak RSS grows {growth:.1f} MB for {extra:.1f} MB more image bytes "
+            f"({growth / extra:.2f} MB per MB)"
+        )
     return "\n".join(lines)
 
 

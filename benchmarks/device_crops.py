@@ -1,6 +1,6 @@
 """The crop paths on a machine with a CUDA GPU and many cores (issue 37, items 4 and 5), in one run:
 
-    python benchmarks/device_crops.py --samples DIR --out DIR [--images 5000] [--workers 16]
+    python -m benchmarks.device_crops --samples DIR --out DIR [--images 5000] [--workers 16]
 
 1. torchvision's own RandomResizedCrop + RandomHorizontalFlip boxes and flips for seeded torch generators, written
    as tests/data/torchvision_crops.json (the test suite compares `imagenet_parquet.crops` with them: torchvision is
@@ -50,14 +50,23 @@ def golden() -> dict[str, Any]:
         image = torch.zeros((1, height, width), dtype=torch.uint8)
         top, left, h, w = transforms.RandomResizedCrop.get_params(image, list(scale), list(ratio))
         flipped = transforms.RandomHorizontalFlip(0.5)(torch.tensor([[[0, 1]]]))[0, 0, 0].item() == 1
-        cases.append({"seed": seed, "height": height, "width": width, "scale": scale, "ratio": ratio,
-                      "box": [int(top), int(left), int(h), int(w)], "flip": bool(flipped)})
+        cases.append(
+            {
+                "seed": seed,
+                "height": height,
+                "width": width,
+                "scale": scale,
+                "ratio": ratio,
+                "box": [int(top), int(left), int(h), int(w)],
+                "flip": bool(flipped),
+            }
+        )
     import torchvision
 
     return {"torch": torch.__version__, "torchvision": torchvision.__version__, "cases": cases}
 
 
-class Blobs(Dataset):
+class Blobs(Dataset[tuple[Any, int]]):
     def __init__(self, blobs: list[bytes], item: Callable[[bytes], Any]):
         self.blobs, self.item = blobs, item
 
@@ -127,14 +136,21 @@ def main() -> None:
     (args.out / "torchvision_crops.json").write_text(json.dumps(golden(), indent=1) + "\n")
     sources = [p.read_bytes() for p in sorted(args.samples.glob("*.JPEG"))]
     blobs = [sources[k % len(sources)] for k in range(args.images)]
-    rows = [f"| {len(sources)} distinct JPEGs, {args.images} images in RAM, batch 256, "
-            f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPUs, torch {torch.__version__} | img/s |", "|---|---:|"]
-    runs = {
-        f"GPU: nvJPEG batch decode + crop/resize on the GPU ({args.workers} byte workers)":
-            lambda: gpu_rate(blobs, args.workers),
+    rows = [
+        (
+            f"| {len(sources)} distinct JPEGs, {args.images} images in RAM, batch 256, "
+            f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPUs, torch {torch.__version__} | img/s |"
+        ),
+        "|---|---:|",
+    ]
+    runs: dict[str, Callable[[], float]] = {
+        f"GPU: nvJPEG batch decode + crop/resize on the GPU ({args.workers} byte workers)": lambda: gpu_rate(
+            blobs, args.workers
+        ),
         f"CPU: TrainCrop, {args.workers} workers": lambda: cpu_rate(blobs, TrainCrop(224), args.workers),
-        f"CPU: full PIL decode + crop (ImageFolder's work), {args.workers} workers":
-            lambda: cpu_rate(blobs, full_decode, args.workers),
+        f"CPU: full PIL decode + crop (ImageFolder's work), {args.workers} workers": lambda: cpu_rate(
+            blobs, full_decode, args.workers
+        ),
         "CPU: TrainCrop, 2 workers": lambda: cpu_rate(blobs, TrainCrop(224), 2),
         "CPU: full PIL decode + crop, 2 workers": lambda: cpu_rate(blobs, full_decode, 2),
     }

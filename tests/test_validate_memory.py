@@ -1,7 +1,7 @@
 """Memory while validating large images stays flat in the number of rows' image bytes.
 
-Runs benchmarks/bench_validate.py (each measurement in a fresh process, peak RSS = VmHWM) on N and 4N rows of
-1 MB images: the naive baseline (bytes in a DataFrame) must grow with the bytes — proof the measurement sees
+Runs `python -m benchmarks.bench_validate` (each measurement in a fresh process, peak RSS = VmHWM) on N and 4N
+rows of 1 MB images: the naive baseline (bytes in a DataFrame) must grow with the bytes — proof the measurement sees
 growth — while the validate stage's peak may grow by only a small fraction of them."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.helpers.project import REPO
 @pytest.mark.slow
 def test_peak_memory_is_flat_in_image_bytes(tmp_path):
     done = subprocess.run([sys.executable, "-m", "benchmarks.bench_validate", "--rows", "16", "--json", "--work",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     print(json.dumps(results, indent=1))

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import REPO, SAMPLES, cpu_seconds, evict, md_table, proc_io
-from tasks.acquire.fetch import FetchOptions, remote_size, resumable_download
+from tasks.acquire.fetch import resumable_download
 from tasks.acquire.md5state import compute_md5
+from tasks.acquire.remote import FetchOptions, remote_size
 from tasks.acquire.sample import write_sample
 from tasks.common import ARCHIVES, SPLITS
 from tasks.common.archive_pass import ArchivePass, StreamIndex, hash_and_index

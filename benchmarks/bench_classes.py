@@ -123,7 +123,7 @@ import json, resource, sys, time
 from pathlib import Path
 import pyarrow as pa
 from tasks.common.manifests import dictionary_columns, read_columns
-from tasks.extract.stage import STAGING_SCHEMA, _write_staging, finalize
+from tasks.extract.stage import STAGING_SCHEMA, write_staging, finalize
 from tasks.convert.stage import MANIFEST_COLUMNS
 from tasks.convert.plan import ordered, plan_split
 step, rows, classes, out, shape = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
@@ -137,7 +137,7 @@ if step == "make":
         sizes = [110_000 + i % 9973 for i in range(n)]
         table = pa.table({"wnid": c, "name": names, "source": source, "member": member, "offset": [0] * n,
                           "size": sizes})
-        _write_staging(out / "staging", split, table.cast(STAGING_SCHEMA), "synthetic", [])
+        write_staging(out / "staging", split, table.cast(STAGING_SCHEMA), "synthetic", [])
     base = 0
 elif step == "finalize":
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from benchmarks.common import REPO, WORK
-from tasks.acquire.download import fetch_archive
+from tasks.acquire.obtain import fetch_archive
 from tasks.acquire.remote import FetchOptions
 from tasks.acquire.verify import check_archive
 from tasks.common.layout import ARCHIVES

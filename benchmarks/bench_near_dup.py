@@ -41,7 +41,7 @@ from tasks.convert.fingerprint import GRID, HASH_SIDE, fingerprint, grey_grid, s
 from tasks.convert.imaging import Policy, encode_image
 from tasks.validate.near_dup import CANDIDATE_BLOCK, VERIFY_COST, band_plan, near_pairs
 from tests.helpers.params import validate_section
-from tests.helpers.planted import EDITS, _crop, real_images, sample_images
+from tests.helpers.planted import EDITS, crop, real_images, sample_images
 
 DEFAULT = validate_section()
 T = TypeVar("T")
@@ -138,7 +138,7 @@ def bench_convert_cost(datas: list[bytes]) -> None:
 
 def bench_quality(datas: list[bytes], hashed: dict[str, list[int]], bases: int) -> None:
     d = DEFAULT.near_duplicates_distance
-    edits = {**EDITS, **{f"crop{c}pct-each-side": _crop(2 * c / 100) for c in (2, 3.5, 5)}}
+    edits = {**EDITS, **{f"crop{c}pct-each-side": crop(2 * c / 100) for c in (2, 3.5, 5)}}
     fns: dict[str, Hasher] = {OWN: fingerprint, V1: fingerprint_v1}
     phash = imagehash_fn()
     if phash:

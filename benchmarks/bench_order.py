@@ -28,7 +28,7 @@ synthetic counts with ImageNet's total, minimum and maximum; shards of --sim-sha
 --row-group-rows), computed from label arrays with the readers' own order functions (partition.epoch_order,
 rank_positions, worker_positions) and the DataLoader's way of taking one batch from each worker in turn; and
 "measured" on real shards (--classes x --per-class tiny 32x32 noise JPEGs, each made unique by a COM segment,
-written with the convert stage's writer `tasks.convert.writer.write_shard` into shards of --sim-shard-rows rows),
+written with the convert stage's writer `tasks.common.shard_writer.write_shard` into shards of --sim-shard-rows rows),
 read by real DataLoaders (labels of a full epoch, decode off; the "= model" column says whether the labels came
 out exactly as the label-only model predicts). Writes benchmarks/_work/order/results.json; the shards under
 benchmarks/_work/order/ are deleted at the end unless --keep.
@@ -59,9 +59,9 @@ from benchmarks.common import REPO, cpu_seconds, evict, loadavg, unique_jpeg
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
 from imagenet_parquet.format import shard_schema
 from imagenet_parquet.partition import epoch_order, rank_positions, worker_positions
+from tasks.common.shard_writer import write_shard
 from tasks.convert.fingerprint import fingerprint
 from tasks.convert.plan import order_hash, order_rows, shard_stem
-from tasks.convert.writer import write_shard
 
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k train images; classes hold 732..1300
 PATHS = {  # name -> (reader, DataLoader order)

@@ -64,8 +64,10 @@ def build_mirror(images: int) -> tuple[Path, int]:
     if not (out / sample.MD5_TABLE).exists():
         shutil.rmtree(out, ignore_errors=True)
         start, cpu = time.perf_counter(), cpu_seconds()
-        with variants.variant_images(workers=min(2, len(os.sched_getaffinity(0)))):
-            sample.write_sample(out, classes=classes, train_per_class=train, val_per_class=val, real_images=SAMPLES)
+        with variants.variant_images(workers=min(2, len(os.sched_getaffinity(0)))) as source:
+            sample.write_sample(
+                out, classes=classes, train_per_class=train, val_per_class=val, real_images=SAMPLES, image_source=source
+            )
         print(
             f"mirror {out.name}: built in {time.perf_counter() - start:.0f} s wall, {cpu_seconds() - cpu:.0f} CPU s",
             flush=True,

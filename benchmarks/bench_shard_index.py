@@ -28,8 +28,8 @@ from benchmarks.common import REPO, SAMPLES, WORK
 from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, shard_schema
 from tasks.common.params import load_project
+from tasks.common.shard_writer import memory_pool, to_table, write_shard, writer_options
 from tasks.convert.fingerprint import stored_fingerprint
-from tasks.convert.writer import memory_pool, to_table, write_shard, writer_options
 
 
 def rows_of(files: list[Path]) -> list[dict[str, Any]]:

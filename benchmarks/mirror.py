@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 from PIL import Image, ImageChops, JpegImagePlugin
@@ -99,7 +98,7 @@ def variant(path: Path, k: int, serial: int) -> bytes:
     return unique_jpeg(data, COM_TEXT.format(version=VERSION, serial=serial, round=k, name=path.name))
 
 
-class VariantImages(sample._Images):
+class VariantImages(sample.ImageSource):
     """The sample's real-image source (sorted JPEGs, cycled), each round of a file a distinct variant, encoded
     in `pool` (set by `variant_images`) LOOKAHEAD images ahead; quirk images are drawn as the sample draws them."""
 
@@ -125,12 +124,13 @@ class VariantImages(sample._Images):
 
 
 @contextlib.contextmanager
-def variant_images(workers: int = 2) -> Iterator[None]:
-    """Within: `write_sample(real_images=...)` writes VariantImages, encoded by `workers` processes."""
-    with multiprocessing.get_context("fork").Pool(workers) as pool, mock.patch.object(sample, "_Images", VariantImages):
+def variant_images(workers: int = 2) -> Iterator[type[VariantImages]]:
+    """Within: `write_sample(real_images=..., image_source=<the class yielded>)` writes VariantImages, encoded by
+    `workers` processes."""
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
         VariantImages.pool = pool
         try:
-            yield
+            yield VariantImages
         finally:
             VariantImages.pool = None
 

@@ -27,8 +27,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build(out: Path, sources: Path) -> dict[str, str]:
-    with mirror.variant_images(workers=2):
-        return write_sample(out, classes=2, train_per_class=20, val_per_class=2, real_images=sources)
+    with mirror.variant_images(workers=2) as images:
+        return write_sample(out, classes=2, train_per_class=20, val_per_class=2, real_images=sources,
+                            image_source=images)
 
 
 def test_variants_of_one_source_are_not_near_duplicates(tmp_path: Path, sources: Path) -> None:

@@ -86,7 +86,7 @@ def _encode(image: Image.Image, quirk: str | None) -> bytes:
     return buf.getvalue()
 
 
-class _Images:
+class ImageSource:
     """Image bytes on demand: drawn from the seed, or the next real JPEG of a folder (sorted, cycled)."""
 
     def __init__(self, rng: np.random.Generator, real_images: Path | None) -> None:
@@ -167,7 +167,7 @@ def _quirk_positions(total: int, quirks: tuple[str, ...]) -> dict[int, str]:
 
 
 def _train_members(
-    classes: list[tuple[str, str]], per_class: int, images: _Images, rng: np.random.Generator
+    classes: list[tuple[str, str]], per_class: int, images: ImageSource, rng: np.random.Generator
 ) -> Iterator[tuple[str, bytes]]:
     quirks = _quirk_positions(len(classes) * per_class, TRAIN_QUIRKS)
     flat = 0
@@ -187,7 +187,7 @@ def _leaf_ids(rng: np.random.Generator, count: int) -> list[int]:
     return ids
 
 
-def _val_members(labels: list[int], images: _Images) -> Iterator[tuple[str, bytes]]:
+def _val_members(labels: list[int], images: ImageSource) -> Iterator[tuple[str, bytes]]:
     quirks = _quirk_positions(len(labels), VAL_QUIRKS)
     for index in range(len(labels)):
         yield f"ILSVRC2012_val_{index + 1:08d}.JPEG", images.next(quirks.get(index), labels[index])
@@ -276,15 +276,17 @@ def write_sample(
     val_per_class: int = 5,
     seed: int = 0,
     real_images: str | Path | None = None,
+    image_source: type[ImageSource] = ImageSource,
 ) -> dict[str, str]:
-    """Write the three sample archives and `sample_md5.tsv` into out_dir; return {archive name: md5}."""
+    """Write the three sample archives and `sample_md5.tsv` into out_dir; return {archive name: md5}. `image_source`:
+    where the image bytes come from (a subclass draws other bytes in the same order: benchmarks/mirror.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     chosen = _pick_classes(rng, classes)
     ids = _leaf_ids(rng, classes)
     val_labels = rng.permutation(np.repeat(np.arange(classes), val_per_class)).tolist()
-    images = _Images(rng, Path(real_images) if real_images is not None else None)
+    images = image_source(rng, Path(real_images) if real_images is not None else None)
     _write_tar(out / ARCHIVES["train"], _train_members(chosen, train_per_class, images, rng))
     _write_tar(out / ARCHIVES["val"], _val_members(val_labels, images))
     records = _synset_records(chosen, ids, train_per_class)

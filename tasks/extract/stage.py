@@ -139,7 +139,9 @@ def finalize_job(job: ExtractJob) -> dict[str, Any]:
     )
 
 
-def _write_staging(staging_dir: Path, split: str, table: pa.Table, where: str, reported: list[dict[str, str]]) -> Path:
+def write_staging(staging_dir: Path, split: str, table: pa.Table, where: str, reported: list[dict[str, str]]) -> Path:
+    """One split's staged index (STAGING_SCHEMA rows) and where it came from, as `finalize` reads them (the
+    benchmarks stage synthetic indexes through it too)."""
     with atomic_path(staging_dir / f"{split}.parquet") as tmp:
         pq.write_table(table, tmp)
     write_json(staging_dir / f"{split}.scan.json", {"where": where, "reported": reported})
@@ -165,7 +167,7 @@ def scan_archive_split(
     table = found.append_column("source", pa.array([source] * found.num_rows, pa.string())).select(STAGING_SCHEMA.names)
     how = "(the index made while verifying its MD5)" if prescan else ""
     log.info("%s: indexed %d images of %s %s", split, table.num_rows, archive, how)
-    return _write_staging(Path(staging_dir), split, table, str(archive), reported)
+    return write_staging(Path(staging_dir), split, table, str(archive), reported)
 
 
 def scan_folder_split_to(
@@ -173,7 +175,7 @@ def scan_folder_split_to(
 ) -> Path:
     """Index `<folder>/<split>/<wnid>/*` (folder mode); return the staging index path."""
     table, reported = scan_folder_split(folder, split, root, STAGING_SCHEMA)
-    return _write_staging(Path(staging_dir), split, table, str(Path(folder) / split), reported)
+    return write_staging(Path(staging_dir), split, table, str(Path(folder) / split), reported)
 
 
 def _empty_holdout_split(job: ExtractJob, split: str) -> Path:
@@ -183,7 +185,7 @@ def _empty_holdout_split(job: ExtractJob, split: str) -> Path:
             f"{shipped}: expected no {split} folder with extract.holdout set (the holdout makes {split} out of "
             f"train), found one; set extract.holdout: null to use it, or move it away"
         )
-    return _write_staging(job.staging, split, STAGING_SCHEMA.empty_table(), HOLDOUT_WHERE, [])
+    return write_staging(job.staging, split, STAGING_SCHEMA.empty_table(), HOLDOUT_WHERE, [])
 
 
 def _read_staging(staging_dir: Path, split: str) -> tuple[pa.Table, dict[str, Any]]:

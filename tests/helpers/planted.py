@@ -28,7 +28,7 @@ def _resize(s: float) -> Callable[[Image.Image], bytes]:
     return lambda im: _jpeg(im.resize((round(im.width * s), round(im.height * s)), Image.Resampling.LANCZOS))
 
 
-def _crop(c: float) -> Callable[[Image.Image], bytes]:
+def crop(c: float) -> Callable[[Image.Image], bytes]:
     """Remove `c` of each side's length, a third from the left/top border, two thirds from the right/bottom."""
     def edit(im: Image.Image) -> bytes:
         dx, dy = round(im.width * c), round(im.height * c)
@@ -43,7 +43,7 @@ def _brightness(f: float) -> Callable[[Image.Image], bytes]:
 EDITS: dict[str, Callable[[Image.Image], bytes]] = {
     **{f"q{q}": _reencode(q) for q in (50, 70, 90)},
     **{f"resize{s}": _resize(s) for s in (0.5, 0.75, 0.95)},
-    **{f"crop{round(c * 100, 1)}pct": _crop(c) for c in (0.02, 0.035, 0.05)},
+    **{f"crop{round(c * 100, 1)}pct": crop(c) for c in (0.02, 0.035, 0.05)},
     **{f"bright{f}": _brightness(f) for f in (0.9, 1.1)},
 }
 

@@ -13,6 +13,7 @@ import yaml
 
 from tasks.common import ARCHIVES
 from tests.helpers.params import write_params
+from tests.helpers.project import REPO
 
 
 def make_project(root: Path, sample: Path, **extract_params) -> Path:
@@ -53,7 +54,7 @@ def test_flow_on_sample_with_imagefolder(prefect_api, sample_release, tmp_path, 
 def test_stage_command_fails_cleanly(prefect_api, sample_release, tmp_path):
     project = make_project(tmp_path, sample_release, classes="imagenet100")
     proc = subprocess.run([sys.executable, "-m", "flows.extract"], cwd=project, capture_output=True, text=True,
-                          env={**os.environ}, timeout=120)
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)  # the code: the checkout
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "error: " in proc.stderr and "expected every class of extract.classes in train" in proc.stderr
     assert not (project / "data" / "manifests").exists() and not (project / "data" / "label_map.json").exists()

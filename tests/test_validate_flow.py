@@ -11,6 +11,7 @@ from flows.validate import ARTIFACT_KEYS, validate_flow
 from tests.helpers.datasets import make_dataset
 from tests.helpers.deployments import artifacts, table
 from tests.helpers.params import validate_section, write_params
+from tests.helpers.project import REPO
 from tests.test_validate_overlay import write_test_overlay
 
 
@@ -48,7 +49,7 @@ def test_stage_command_fails_with_a_summary_after_writing_the_reports(prefect_ap
     write_test_overlay(ds.parquet_dir)
     _project(tmp_path)
     done = subprocess.run([sys.executable, "-m", "flows.validate"], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PREFECT_API_URL": prefect_api}, timeout=180)
+                          env={**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(REPO)}, timeout=180)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "error: validation failed: 2 check(s) failed" in done.stderr
     assert "  - class_set: 1 class(es) missing from a split — e.g. label 1 n01443537 'goldfish'" in done.stderr

@@ -55,7 +55,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from benchmarks.common import REPO, cpu_seconds, evict, loadavg, unique_jpeg
+from benchmarks.common import REPO, add_quiet_wait, cpu_seconds, evict, quiet_gate, unique_jpeg
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
 from imagenet_parquet.format import shard_schema
 from imagenet_parquet.partition import epoch_order, rank_positions, worker_positions
@@ -481,6 +481,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-full-scale", action="store_true", help="skip the label-only ImageNet-1k table")
     parser.add_argument("--work", type=Path, default=REPO / "benchmarks" / "_work" / "order")
     parser.add_argument("--keep", action="store_true", help="keep the shards (deleted at the end by default)")
+    add_quiet_wait(parser)
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     return args
@@ -538,7 +539,7 @@ def print_tables(args: argparse.Namespace, results: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {loadavg().split()}")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; {quiet_gate(args.quiet_wait)}", flush=True)
     results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     measure_shards(args, results)
     if not args.no_full_scale:

@@ -43,7 +43,17 @@ from typing import Any
 import yaml
 
 from benchmarks import mirror as variants
-from benchmarks.common import IO_KEYS, REPO, SAMPLES, cpu_children, cpu_seconds, evict_tree, proc_io
+from benchmarks.common import (
+    IO_KEYS,
+    REPO,
+    SAMPLES,
+    add_quiet_wait,
+    cpu_children,
+    cpu_seconds,
+    evict_tree,
+    proc_io,
+    quiet_gate,
+)
 from tasks.acquire import sample
 from tasks.common import ARCHIVES
 from tests.helpers.project import copy_project
@@ -381,6 +391,7 @@ def parse_args() -> argparse.Namespace:
         help="fingerprint every image of the mirror at DIR (default: the --images mirror, built "
         "here) and print its near-duplicate pairs instead of running the pipeline",
     )
+    add_quiet_wait(parser)
     return parser.parse_args()
 
 
@@ -443,6 +454,7 @@ def main() -> None:
         return
     WORK.mkdir(parents=True, exist_ok=True)
     have = len(os.sched_getaffinity(0))
+    print(quiet_gate(args.quiet_wait), flush=True)
     results, refs = run_all(args, pipeline_env())
     RESULTS.write_text(json.dumps({"results": results, "refs": refs, "cpus": have}, indent=1))
     print_tables(results, refs, have)

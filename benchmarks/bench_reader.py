@@ -56,7 +56,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from benchmarks.common import REPO, SAMPLES, cpu_seconds, evict_tree, loadavg
+from benchmarks.common import REPO, SAMPLES, add_quiet_wait, cpu_seconds, evict_tree, loadavg, quiet_gate
 from imagenet_parquet import (
     EvalCrop,
     ParquetImageDataset,
@@ -468,6 +468,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run only loaders whose name contains one of these comma-separated "
         "texts (+ the folder and ceiling baselines)",
     )
+    add_quiet_wait(parser)
     args = parser.parse_args(argv)
     args.work = args.work / f"{args.images}-images"
     return args
@@ -508,6 +509,7 @@ def run_loaders(
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     folder, shards, resized, small, bounded = prepare(args)
+    print(quiet_gate(args.quiet_wait), flush=True)
     if not args.verify_only:
         print_table(run_loaders(args, folder, shards, resized, small, bounded))
     print_verify_cost({"passthrough": shards, "resized-256": resized}, args.rounds)

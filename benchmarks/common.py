@@ -85,6 +85,37 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+QUIET_WAIT_S = 120.0  # the benchmarks' --quiet-wait default
+QUIET_LOAD_PER_CPU = 0.25  # quiet: a 1-minute load average under this x the CPUs this process may use
+
+
+def quiet_gate(wait_s: float = QUIET_WAIT_S) -> str:
+    """The quiet-machine gate before a benchmark times anything: wait (up to `wait_s`, polling every 5 s) until the
+    1-minute load average is under QUIET_LOAD_PER_CPU x the usable CPUs, so a measurement does not start while
+    another job still runs. Returns the line to print above the tables: the load, and a warning when the machine
+    never went quiet (then read CPU seconds and ratios measured in the same run, not wall times)."""
+    limit = QUIET_LOAD_PER_CPU * len(os.sched_getaffinity(0))
+    deadline = time.monotonic() + wait_s
+    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
+        time.sleep(5)
+    if os.getloadavg()[0] > limit:
+        return (
+            f"machine busy: load {loadavg()} above {limit:.2f} after waiting {wait_s:.0f} s; wall times swing, "
+            "read CPU s and the ratios measured in this run"
+        )
+    return f"machine quiet: load {loadavg()} (gate {limit:.2f})"
+
+
+def add_quiet_wait(parser: Any) -> None:
+    """The --quiet-wait option of a benchmark that times things (`quiet_gate`)."""
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=QUIET_WAIT_S,
+        help=f"seconds to wait for a quiet machine before timing (default {QUIET_WAIT_S:.0f}; 0: do not wait)",
+    )
+
+
 # ------------------------------------------------------------------------------------------------ commands
 def run(cmd: Sequence[str], cwd: Path, env: Mapping[str, str]) -> str:
     """Run `cmd` in `cwd`; its stdout, or exit with the tail of its output when it fails."""

@@ -215,28 +215,20 @@ def size_of(root: Path) -> int:
     return sum(p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()) if root.exists() else 0
 
 
-def md5s(root: Path) -> dict[str, tuple[str, int]]:
-    """Relative path -> (MD5, bytes) of every file under `root` (empty when it is absent)."""
-    return (
-        {
-            str(p.relative_to(root)): (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
-            for p in sorted(root.rglob("*"))
-            if p.is_file()
-        }
-        if root.exists()
-        else {}
-    )
+def md5s(root: Path, pattern: str = "*") -> dict[str, tuple[str, int]]:
+    """Relative path -> (MD5, bytes) of every file under `root` whose name matches `pattern` (empty when `root` is
+    absent); each file streamed through hashlib, never read whole."""
+    found = {}
+    for path in sorted(root.rglob(pattern)) if root.exists() else []:
+        if path.is_file():
+            with open(path, "rb") as fh:
+                found[str(path.relative_to(root))] = (hashlib.file_digest(fh, "md5").hexdigest(), path.stat().st_size)
+    return found
 
 
 def shard_md5s(project: Path) -> dict[str, dict[str, tuple[str, int]]]:
     """split -> shard name -> (MD5, bytes) of a project's data/parquet (what a new version rewrote)."""
-    return {
-        split: {
-            p.name: (hashlib.md5(p.read_bytes()).hexdigest(), p.stat().st_size)
-            for p in sorted((project / "data/parquet" / split).glob("*.parquet"))
-        }
-        for split in ("train", "val")
-    }
+    return {split: md5s(project / "data/parquet" / split, "*.parquet") for split in ("train", "val")}
 
 
 def unique_jpeg(data: bytes, tag: str | bytes) -> bytes:

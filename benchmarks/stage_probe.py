@@ -20,11 +20,23 @@ from pathlib import Path
 
 from benchmarks.common import IO_KEYS, cpu_children, cpu_seconds, evict_tree, proc_io, subreaper
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def stat_fields(path: str | Path) -> list[str]:
+    """The fields of a /proc/<pid>[/task/<tid>]/stat after the command name (field 3, the state, is [0]); the
+    name is skipped whole: it may hold spaces and parentheses."""
+    return Path(path).read_text().rsplit(")", 1)[1].split()
+
+
+def stat_cpu(fields: list[str]) -> float:
+    """User + system CPU seconds from stat fields (utime, stime)."""
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
 
 def proc_cpu(pid: int) -> float:
     """User + system CPU seconds of the process itself (all its threads, not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu(stat_fields(f"/proc/{pid}/stat"))
 
 
 def dvc_pid() -> int | None:
@@ -33,7 +45,7 @@ def dvc_pid() -> int | None:
     while pid > 1:
         if b"dvc" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return pid
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        pid = int(stat_fields(f"/proc/{pid}/stat")[1])
     return None
 
 
@@ -69,9 +81,9 @@ class TreeWatch(threading.Thread):
                 hwm = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")), 0)
                 self.hwm[pid] = max(self.hwm.get(pid, 0), hwm)
                 for tid in sorted(os.listdir(f"/proc/{pid}/task")):
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                    stat = stat_fields(f"/proc/{pid}/task/{tid}/stat")
                     row: dict[str, float] = dict(proc_io(f"{pid}/task/{tid}"))
-                    row["cpu"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+                    row["cpu"] = stat_cpu(stat)
                     self.threads[(pid, int(tid), stat[19])] = row  # (pid, tid, start time): pids are reused
             except (OSError, StopIteration, IndexError, ValueError):
                 continue
@@ -90,7 +102,7 @@ def descendants(root: int) -> list[int]:
     for entry in sorted(os.scandir("/proc"), key=lambda e: e.name):
         if entry.name.isdigit():
             try:
-                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = int(stat_fields(Path(entry.path, "stat"))[1])
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))

@@ -26,7 +26,7 @@ from tasks.acquire.md5state import CACHE_NAME
 from tasks.acquire.remote import FetchOptions
 from tasks.acquire.space import bytes_to_fetch
 from tasks.common import ARCHIVES
-from tasks.common.archive21k import layout
+from tasks.common.archive21k import is_gzip, layout
 from tasks.common.params import DownloadParams, Project, SampleParams
 
 
@@ -53,7 +53,7 @@ class Download:
     @property
     def gzipped(self) -> bool:
         """archive21k mode with a .tar.gz: decompressed once after it is fetched (tasks.acquire.archive21k)."""
-        return self.layout is not None and self.layout["tar"] != self.layout["archive"]
+        return _gzipped(self.layout)
 
     @property
     def uses_sample(self) -> bool:
@@ -110,7 +110,12 @@ def space_needed(
     (tasks.acquire.space), and, for archive21k's .tar.gz (`layout`), the .tar it is decompressed into (`root`: where
     local sources resolve)."""
     needed: dict[str, int] = {}
-    if layout is not None and layout["tar"] != layout["archive"]:
+    if _gzipped(layout):
         for name, source in sources.items():
             needed |= archive21k.decompression_space(name, source, raw_dir, opts, cache_file, root)
     return needed | bytes_to_fetch(sources, raw_dir, opts, cache_file)
+
+
+def _gzipped(archive21k_layout: dict[str, str] | None) -> bool:
+    """archive21k mode with a .tar.gz (decompressed once into the .tar every later stage reads)."""
+    return archive21k_layout is not None and is_gzip(archive21k_layout["archive"])

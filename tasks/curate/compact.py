@@ -5,7 +5,7 @@ Per split, the shards of `paths.parquet` and their overlay (`paths.overlay`, che
 refused) become `<out>/<split>/` (default `data/compacted`, git-ignored; inside the project): the same shard names
 and row order, the excluded rows dropped (a shard left empty is dropped), `label`/`wnid`/`label_name` the
 overlay's, metadata `curation: applied` (readers apply no overlay to them) and the footer byte index written anew.
-The rows go through the convert stage's writer (tasks/common/shard_writer.py: the same settings, deterministic
+The rows go through the shard writer convert uses (tasks/common/shard_writer.py: the same settings, deterministic
 bytes; one writer shared by both packages, not a second one). `<out>` is only ever a directory compaction owns (new,
 or written by it before) and is replaced whole: every split and `<out>/compaction.json` (the overlay each split was
 compacted from) are published as one set (tasks/curate/compact_out.py)."""

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 FORMAT_VERSION = 6  # 2: byte index; 3: `phash`; 4: rows in `order`; 5: no ARROW:schema, label map by field;
 # 6: `curation` (overlay: labels and membership come from the curation overlay beside the shards, overlay.py)
+GENERATION_KEY = "generation"  # own metadata of a shard appended after the first conversion: 1, 2, ... (absent: 0)
 HASH_ALGORITHM = "sha256"
 FINGERPRINT_COLUMN = "phash"
 FINGERPRINT_ALGORITHM = "dct64-v2"  # tasks/convert/fingerprint.py; changes when its bits for the same bytes do

@@ -30,6 +30,8 @@ from .format import FormatError, own_metadata
 
 OVERLAY_KEY = b"imagenet_parquet.overlay"
 OVERLAY_FORMAT = 1
+LABEL_MAP_FORMAT = 2  # an overlay (or view) that carries its own `label_map`: the labels it gives follow that map
+OVERLAY_FORMATS = (OVERLAY_FORMAT, LABEL_MAP_FORMAT)  # what readers accept
 OVERLAY_DIR = "overlay"  # beside the Parquet root: data/parquet -> data/overlay
 OVERLAY_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int32()), ("label", pa.int64()), ("keep", pa.bool_())])
 OVERLAY_LIMIT = 1 << 30  # an overlay larger than this is not one (ImageNet-1k: ~2 MB; 13 M rows: ~25 MB)
@@ -83,15 +85,25 @@ def content_digest(shards: Sequence[Sequence[Any]], labels: np.ndarray, keep: np
 
 
 def overlay_table(
-    split: str, shards: Sequence[tuple[str, int, str]], labels: np.ndarray, keep: np.ndarray, extra: dict[str, Any]
+    split: str,
+    shards: Sequence[tuple[str, int, str]],
+    labels: np.ndarray,
+    keep: np.ndarray,
+    extra: dict[str, Any],
+    label_map: dict[str, Any] | None = None,
 ) -> pa.Table:
-    """The overlay of `split`: shards [(name, rows, footer sha256)] in order, a label and a keep flag per row."""
+    """The overlay of `split`: shards [(name, rows, footer sha256)] in order, a label and a keep flag per row.
+
+    `label_map` (format 2): the label map its labels follow, when it is not the one stored in the shards (classes
+    added or removed since some shards were written, or a view's classes renumbered); readers then take the class
+    list from it. Excluded rows may carry label -1 there (a class the map no longer has)."""
     rows = np.asarray([n for _, n, _ in shards], dtype=np.int64)
     names = pa.array([name for name, _, _ in shards], pa.string())
     indices = pa.array(np.repeat(np.arange(len(shards), dtype=np.int32), rows))
     within = np.arange(int(rows.sum()), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
     meta = {
-        "format": OVERLAY_FORMAT,
+        "format": OVERLAY_FORMAT if label_map is None else LABEL_MAP_FORMAT,
+        **({} if label_map is None else {"label_map": label_map}),
         "split": split,
         "shards": [list(s) for s in shards],
         "content_sha256": content_digest(shards, labels, keep),

@@ -117,6 +117,12 @@ def own_metadata(meta: dict[bytes, bytes] | None) -> dict[str, Any] | None:
     return _metadata_json(meta, METADATA_KEY)
 
 
+def shard_generation(meta: dict[bytes, bytes] | None) -> int:
+    """The generation a shard was appended in (GENERATION_KEY of its own metadata): 0 for a canonical shard."""
+    value = (own_metadata(meta) or {}).get(GENERATION_KEY, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def hf_class_names(meta: dict[bytes, bytes] | None) -> list[str] | None:
     """The Hugging Face ClassLabel names (`huggingface` metadata), in label order, when present."""
     hf = _metadata_json(meta, HF_METADATA_KEY)
@@ -206,15 +212,18 @@ def shard_schema(
     split: str,
     fingerprinted: bool = True,
     curation: str | None = None,
+    generation: int = 0,
 ) -> pa.Schema:
     """The explicit schema of every shard of `split`, with deterministic metadata (no timestamps).
 
     `fingerprinted` False: the FINGERPRINT_COLUMN is null in every row, and `fingerprint_algorithm` is null.
     `curation`: "overlay" (convert: readers take labels and membership from the overlay beside the shards and refuse
     the shards without it), "applied" (compacted shards: the labels stored are the curated ones), or None (not
-    recorded: shards written by others)."""
+    recorded: shards written by others). `generation` >= 1: a shard appended after the first conversion
+    (GENERATION_KEY; generation 0 does not carry the key, so a canonical shard is what it always was)."""
     own = {
         **({"curation": curation} if curation else {}),
+        **({GENERATION_KEY: generation} if generation else {}),
         "label_map": stored_label_map(label_map),
         "convert_params": params,
         "split": split,

@@ -12,6 +12,9 @@ split, MB newly stored in the DVC cache (overlay included), MB pushed, MB pulled
 and CPU seconds. benchmarks/bench_overlay.py measures curation versions with the overlay through every stage.
 
     python -m benchmarks.bench_versions [--classes 50 --train-per-class 90 --val-per-class 10 --shard-mb 12]
+
+Issue 33 (appends in new shards, removals as exclusions, views): `python -m benchmarks.bench_versions appends`,
+`... scale`, `... view` (benchmarks/versions_appends.py says what each measures).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import versions_appends
 from benchmarks.common import (
     REPO,
     SAMPLES,
@@ -143,6 +148,9 @@ def measure(project: Path, node: Path, env: dict[str, str], name: str, edit: Edi
 
 
 def main() -> None:
+    if sys.argv[1:2] and sys.argv[1] in ("appends", "scale", "view"):
+        versions_appends.main(sys.argv[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", type=int, default=50)
     parser.add_argument("--train-per-class", type=int, default=90)

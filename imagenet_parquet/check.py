@@ -34,6 +34,7 @@ from .overlay import (
     load_overlay,
     missing_view,
 )
+from .shards import label_maps_of
 
 
 def _md5(path: Path) -> str:
@@ -119,15 +120,17 @@ def _footers(split_dir: Path, overlay: Path, view: str | None = None) -> list[st
     files = sorted(split_dir.glob("*.parquet"))
     if not overlay.is_file() or not files:
         return []
-    rows, digests = [], []
+    digests, metas = [], []
     for f in files:
         try:
             digests.append(footer_digest(footer_tail(f)))
-            rows.append(pq.read_metadata(f).num_rows)
+            metas.append(pq.read_metadata(f))
         except (FormatError, OSError, pa.ArrowException) as err:
             return [f"{f}: expected a Parquet footer that parses, found: {err}; `dvc pull` it again"]
+    rows = [m.num_rows for m in metas]
     try:
-        load_overlay(overlay, [f.name for f in files], rows, digests, 1 << 62, view=view)
+        known = label_maps_of(files, metas, True)[0]  # class names of a label map stored without them (views)
+        load_overlay(overlay, [f.name for f in files], rows, digests, 1 << 62, view=view, known=known)
     except (OverlayError, FormatError, OSError) as err:
         return [str(err)]
     return []

@@ -127,7 +127,7 @@ def read_footers(files: Sequence[Path]) -> tuple[list[pq.FileMetaData], list[str
 _LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # where a shard's label map is read from
 
 
-def _label_maps(
+def label_maps_of(
     files: Sequence[Path], metadata: Sequence[pq.FileMetaData], own_only: bool
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """The distinct label maps of the shards (in order of first appearance) and, per file, the position of its own
@@ -189,7 +189,7 @@ class ShardIndex:
         `metadata`: the footers, already parsed (remote shards), instead of reading them from `files`."""
         file_of, group_of, rows, spans, generations = [], [], [], [], []
         metadata, footers = (metadata, []) if metadata is not None else read_footers(files)
-        maps, map_of = _label_maps(files, metadata, label_map is not None)
+        maps, map_of = label_maps_of(files, metadata, label_map is not None)
         for i, meta in enumerate(metadata):
             generation = shard_generation(meta.metadata)
             for g in range(meta.num_row_groups):

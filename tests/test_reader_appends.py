@@ -6,6 +6,7 @@ does not fill the batches it lands in. Shards, overlays and the DVC tree are wri
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def _old_epoch_order(starts: np.ndarray, seed: int, epoch: int, window: int) -> 
     rows = np.repeat(starts[:-1][units] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
     rng = np.random.default_rng([seed, epoch, 1])
     bounds = np.concatenate([[0], np.cumsum(sizes)])[::window].tolist() + [len(rows)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         rng.shuffle(rows[a:b])
     return rows
 

@@ -5,7 +5,6 @@ those present; a resume state of another view is refused; and an epoch reads abo
 its row groups', locally and from an HTTP remote (bytes counted: /proc/self/io, and the server's Range log)."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
 from imagenet_parquet.check import check, main
-from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index, stored_label_map
+from imagenet_parquet.format import decode_image_index, stored_label_map
 from imagenet_parquet.overlay import OverlayError, read_overlay
 from imagenet_parquet.tables import curated_sql, read_curated
 from tests.helpers.datasets import numbered_label_map
@@ -84,8 +83,8 @@ def test_a_view_reads_its_rows_with_labels_0_to_k_minus_1_on_every_path(viewed):
     stream = ParquetIterableDataset(root, "train", decode=False, seed=2, view="tenth")
     assert samples(stream, rows) == mapped and sorted(mapped) == sorted(want["rows"].items())
     table = read_curated(root, "train", columns=["sha256", "label", "wnid", "label_name"], view="tenth")
-    assert [(rows[h], y) for h, y in zip(table.column("sha256").to_pylist(), table.column("label").to_pylist())] \
-        == sorted(want["rows"].items())
+    pairs = zip(table.column("sha256").to_pylist(), table.column("label").to_pylist(), strict=True)
+    assert [(rows[h], y) for h, y in pairs] == sorted(want["rows"].items())
     assert set(table.column("label_name").to_pylist()) == {"class 13", "class 7"}
     sql = duckdb.sql(curated_sql(root, "train", view="tenth"))
     assert [(rows[h], y) for h, y in sql.select("sha256, label").fetchall()] == sorted(want["rows"].items())

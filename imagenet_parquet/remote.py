@@ -312,7 +312,7 @@ class RemoteShards:
             self.cache.write(fd, self.fetcher.read(url, *span), span[0])
 
         def attempt() -> None:
-            with ThreadPoolExecutor(min(FETCH_THREADS, len(ranges))) as pool:
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(ranges))) as pool:  # a few ranges: in parallel
                 list(pool.map(fetch, ranges))
             verify_rows(self._pieces(file), fd, group, kept)
 
@@ -320,6 +320,9 @@ class RemoteShards:
             self.fetcher.retry(url, f"{len(kept)} images of row group {group}", attempt)
         except FileNotFoundError:
             raise RemoteError(f"{self.remote.shown(url)}: expected shard object, found none; run `dvc push`") from None
+        except RemoteError:  # as for a whole row group: the footer (its byte index) may be the bad part
+            (self.cache_dir / self.entries[file][1] / "footer").unlink(missing_ok=True)
+            raise
 
     def _byte_index(self, file: int) -> np.ndarray | None:
         if file not in self._index:

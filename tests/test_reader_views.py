@@ -5,6 +5,7 @@ those present; a resume state of another view is refused; and an epoch reads abo
 its row groups', locally and from an HTTP remote (bytes counted: /proc/self/io, and the server's Range log)."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
 from imagenet_parquet.check import check, main
+from imagenet_parquet.dvcremote import RemoteError
 from imagenet_parquet.format import decode_image_index, stored_label_map
 from imagenet_parquet.overlay import OverlayError, read_overlay
 from imagenet_parquet.tables import curated_sql, read_curated
@@ -185,6 +187,18 @@ def test_a_remote_view_reads_about_its_bytes_and_check_verifies_it(viewed, tmp_p
         assert samples((ds[i] for i in range(len(ds))), sha) == sorted(viewed["want"]["upper"]["rows"].items())
         with pytest.raises(OverlayError, match=r"expected view 'nope'.*found views: tenth, upper"):
             remote("nope")
+        row = min(rows)  # a kept image damaged in the remote: the rows read alone are checked against their sha256
+        shard = viewed["files"][row // (ROWS // SHARDS)]
+        md5 = hashlib.md5(shard.read_bytes()).hexdigest()
+        obj = tmp_path / "remote" / "files" / "md5" / md5[:2] / md5[2:]
+        offset = int(decode_image_index(pq.read_metadata(shard).metadata, ROWS // SHARDS, shard)[row % 100][0])
+        data = bytearray(obj.read_bytes())
+        data[offset + 100] ^= 0xFF
+        obj.write_bytes(bytes(data))
+        damaged = ParquetImageDataset.from_dvc(repo, "data/parquet", split="train", remote=url, view="tenth",
+                                               decode=False, cache_dir=tmp_path / "fresh", retries=0)
+        with pytest.raises(RemoteError, match=f"image {row % 100} of {shard.name} does not match its sha256"):
+            [damaged[i] for i in range(len(damaged))]
     view = repo / "data" / "views" / "tenth" / "train.parquet"
     good = view.read_bytes()
     view.write_bytes(good[:-1] + b"!")

@@ -302,31 +302,37 @@ def _check_labels(
 
 def overlay_label_map(meta: dict[str, Any], path: Path, known: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
     """The label map a format-2 overlay carries, whole (as label_map.json: `classes` with label, name, ...), or None
-    (format 1: the shards' own). Stored as label_map.json or as shards store it (`stored_label_map`: no class
-    names; they are then the `name`s of the same wnids in `known`, the shards' label maps)."""
+    (format 1: the shards' own). Stored as label_map.json (what the writers should store: it has the class names)
+    or as shards store it (`stored_label_map`, no names: then those of the same wnids in `known`, the shards' label
+    maps — a folder dataset's classes have no wnid, so its label map must be stored whole)."""
     if meta.get("format") != LABEL_MAP_FORMAT:
         return None
     stored = meta.get("label_map")
-    whole = stored if isinstance(stored, dict) and "classes" in stored else _unstored(stored, known)
     try:
-        if whole is None:
-            raise FormatError("no label map")
+        whole = stored if isinstance(stored, dict) and "classes" in stored else _unstored(stored, known)
         class_names(whole)
-    except (FormatError, KeyError, TypeError) as err:
+    except (FormatError, KeyError, TypeError, AttributeError) as err:
         raise _fail(path, "a `label_map` (labels 0..K-1 with their class names) in its metadata", str(err)) from None
     return whole
 
 
-def _unstored(stored: Any, known: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def _unstored(stored: Any, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A `stored_label_map` made whole again, its names from its own `name` field or the wnids of `known`."""
     fields = stored.get(CLASS_FIELDS) if isinstance(stored, dict) else None
-    if not isinstance(fields, dict) or not all(isinstance(v, list) for v in fields.values()):
-        return None
+    count = stored.get("num_classes") if isinstance(stored, dict) else None
+    if (
+        not isinstance(fields, dict)
+        or not isinstance(count, int)
+        or any(not isinstance(v, list) or len(v) != count for v in fields.values())
+    ):
+        raise FormatError(f"no label map (or `{CLASS_FIELDS}` lists that are not num_classes long)")
     by_wnid = {c.get("wnid"): c.get("name") for m in known for c in m.get("classes", []) if c.get("wnid")}
-    count = len(next(iter(fields.values()), []))
     names = fields.get("name") or [by_wnid.get(w) for w in fields.get("wnid", [None] * count)]
-    if len(names) != count or any(not isinstance(n, str) for n in names):
-        return None
+    if any(not isinstance(n, str) for n in names):
+        raise FormatError(
+            "a label map stored without class names, for classes no shard names by wnid (store it whole, as "
+            "label_map.json, with the names)"
+        )
     classes = [{"label": i, "name": n, **{k: v[i] for k, v in fields.items()}} for i, n in enumerate(names)]
     rest = {k: v for k, v in stored.items() if k != CLASS_FIELDS}
     return {**rest, "classes": classes}

@@ -18,7 +18,7 @@ import pytest
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
 from imagenet_parquet.check import check
-from imagenet_parquet.format import FormatError, class_ids, shard_schema
+from imagenet_parquet.format import FormatError, class_ids, shard_schema, stored_label_map
 from imagenet_parquet.overlay import OverlayError, footer_digest, footer_tail, overlay_table, write_overlay
 from imagenet_parquet.partition import epoch_order, rank_positions
 from imagenet_parquet.tables import curated_sql, read_curated
@@ -167,6 +167,10 @@ def test_mixed_label_maps_need_a_format_2_overlay(appended, tmp_path):
     labels[3] = -1  # an excluded row whose class is gone: allowed
     assert len(ParquetImageDataset(root, "train", overlay=write_layer(
         tmp_path / "ok.parquet", files, labels, appended["keep"], folder_map(NEW)))) == len(appended["want"])
+    stored = stored_label_map(folder_map(NEW))
+    stored = write_layer(tmp_path / "stored.parquet", files, labels, appended["keep"], stored)
+    with pytest.raises(OverlayError, match=r"without class names.*store it whole"):  # folder classes: no wnid
+        ParquetImageDataset(root, "train", overlay=stored)
     labels[0] = -1  # a kept row without a class: refused
     with pytest.raises(OverlayError, match=r"label -1 on a kept row \(0\)"):
         ParquetImageDataset(root, "train", overlay=write_layer(tmp_path / "bad.parquet", files, labels,

@@ -15,6 +15,7 @@ import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from torch.utils.data import DataLoader
 
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, RowGroupSampler
 from imagenet_parquet.check import check
@@ -143,6 +144,8 @@ def test_every_reader_path_sees_the_appended_rows_with_the_current_labels(append
     stream = ParquetIterableDataset(root, "train", decode=False, seed=3, batch_size=4)
     streamed = samples(stream, rows)
     assert sorted(streamed) == sorted(want.items())
+    loader = DataLoader(stream, batch_size=4, num_workers=2, multiprocessing_context="fork", collate_fn=list)
+    assert samples((s for batch in loader for s in batch), rows) == streamed  # the same order with workers
     assert [row for row, _ in samples((ds[i] for i in RowGroupSampler(ds, seed=3)), rows)] == [r for r, _ in streamed]
     table = read_curated(root, "train", columns=["image", "label", "wnid", "label_name"])
     got = [(rows[hashlib.sha256(r["image"]["bytes"]).hexdigest()], r["label"], r["label_name"])

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .remote import RemoteShards
 
 READ_COLUMNS = ("image.bytes", "label")
+SPARSE_SHARE = 0.5  # remote: a row group of which the overlay keeps at most this share is fetched row by row
 
 
 def _worker() -> tuple[int, int]:
@@ -48,6 +49,7 @@ class ShardedImages:
         overlay: Any = "auto",
         verify: bool = False,
         crop: Callable[[bytes], Any] | None = None,
+        view: str | None = None,
     ):
         explicit = read_label_map(label_map) if isinstance(label_map, (str, os.PathLike)) else label_map
         from .remote import RemoteShards
@@ -65,8 +67,11 @@ class ShardedImages:
         self.draft_size = draft_size
         self.decode = decode
         self.crop = crop
-        self.overlay = self._overlay(overlay, split)
+        self.view = view
+        self.overlay = self._overlay(overlay, split, view)
+        self._classes = self.index.classes_for(self.overlay)  # a format-2 overlay's (or view's) own label map
         self._kept = None if self.overlay is None else self.overlay.kept
+        self._sparse_rows: dict[int, tuple[int, ...] | None] = {}
         self.verify = verify and self.remote is None  # remote row groups are always checked before they are cached
         columns = [*READ_COLUMNS, *([HASH_ALGORITHM] if self.verify else [])]
         self._reader = RowGroupReader(self.index, columns, cache_size=cache_row_groups, remote=self.remote)
@@ -76,14 +81,21 @@ class ShardedImages:
         )
         self._labels: dict[int, np.ndarray] = {}
 
-    def _overlay(self, overlay: Any, split: str | None) -> Overlay | None:
-        """The curation overlay (overlay.py): found beside the shards (or fetched with a remote version) by default."""
+    def _overlay(self, overlay: Any, split: str | None, view: str | None) -> Overlay | None:
+        """The curation overlay (overlay.py): found beside the shards (or fetched with a remote version) by default;
+        view `view` instead of it when named."""
         if self.remote is None:  # checked against the footers the index read; each reader checks again on open
-            return self.index.local_overlay(overlay, split, self._whole)
+            return self.index.local_overlay(overlay, split, self._whole, view)
+        if view != self.remote.view:
+            raise ValueError(
+                f"view: expected the view the remote shards were opened with ({self.remote.view!r}), found {view!r}; "
+                "pass view= to from_dvc"
+            )
         first = self.remote.footer(0).metadata
         found, footers = self.remote.overlay_file(), self.remote.footer_digests()
-        rows = self.index.rows_per_file()
-        return resolve_overlay(overlay, self.files, split, rows, len(self.label_names), first, found, footers)
+        rows, classes = self.index.rows_per_file(), len(self.index.label_map["classes"])
+        known = self.index.label_maps
+        return resolve_overlay(overlay, self.files, split, rows, classes, first, found, footers, view=view, known=known)
 
     @property
     def num_images(self) -> int:
@@ -110,6 +122,7 @@ class ShardedImages:
         object_timeout: float = 45.0,
         retries: int = 3,
         retry_backoff: float = 0.5,
+        view: str | None = None,
         **kwargs: Any,
     ) -> Self:
         """The shards of DVC-tracked `path` ("data/parquet/train", or "data/parquet" with `split`) in checkout
@@ -124,25 +137,29 @@ class ShardedImages:
         of at most `cache_gb` (`cache_dir`, default ~/.cache/imagenet-parquet). Every request: `connect_timeout`,
         `read_timeout` (seconds without a byte), `retries` with exponential backoff from `retry_backoff` seconds,
         all within `object_timeout` seconds per object (the defaults make a stalled server an error within a
-        minute). `kwargs` go to the dataset (transform, seed, ...)."""
+        minute). `view`: a named view (data/views/<view>/<split>.parquet, fetched and checked as the overlay is)
+        instead of the whole curated dataset; only its rows' image bytes are fetched where it keeps few of a row
+        group's. `kwargs` go to the dataset (transform, seed, ...)."""
         from .fetch import Policy
         from .remote import open_dvc
 
         policy = Policy(connect_timeout, read_timeout, object_timeout, retries, retry_backoff)
         target = f"{path.rstrip('/')}/{split}" if split else path
-        return cls(open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb, policy), **kwargs)
+        shards = open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb, policy, view)
+        return cls(shards, view=view, **kwargs)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({len(self.files)} shards from {self.files[0].parent}, "
             f"{self.num_images} images, {len(self.index.rows)} row groups, {len(self.label_names)} classes"
-            f"{', curation overlay applied' if self.overlay is not None else ''})"
+            f"{f', view {self.view}' if self.view else ', curation overlay applied' if self.overlay else ''})"
         )
 
     @property
     def label_map(self) -> dict[str, Any]:
-        """The label map (docs/CONTRACTS.md: num_classes, label_source, classes[label, wnid, name, ...])."""
-        return self.index.label_map
+        """The label map (docs/CONTRACTS.md: num_classes, label_source, classes[label, wnid, name, ...]): a
+        format-2 overlay's or a view's own when it has one (the view's classes, labels 0..K-1), else the shards'."""
+        return self._classes
 
     @property
     def label_names(self) -> list[str]:
@@ -166,7 +183,7 @@ class ShardedImages:
         hit: tuple[bytes, int] | None
         if self.remote is not None:
             file, file_row = self.index.locate_file(unit, index)
-            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row)
+            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row, self._sparse(unit))
             label = -1 if image is None or self.overlay is not None else self._remote_labels(unit)[row]
             hit = None if image is None else (image, label)
         else:
@@ -180,6 +197,19 @@ class ShardedImages:
         if self.overlay is not None:
             return hit[0], int(self.overlay.labels[index])
         return hit[0], checked_label(hit[1], len(self.label_names), self.files[self.index.locate_file(unit, index)[0]])
+
+    def _sparse(self, unit: int) -> tuple[int, ...] | None:
+        """The file rows of row group `unit` the overlay keeps, when they are at most SPARSE_SHARE of it (remote:
+        only their image bytes are fetched); None: the whole row group is (most of it is read anyway)."""
+        if self.overlay is None:
+            return None
+        if unit not in self._sparse_rows:
+            first, end = int(self.index.starts[unit]), int(self.index.starts[unit + 1])
+            kept = np.flatnonzero(self.overlay.keep[first:end])
+            offset = self.index.locate_file(unit, first)[1]
+            sparse = len(kept) <= SPARSE_SHARE * (end - first)
+            self._sparse_rows[unit] = tuple((kept + offset).tolist()) if sparse else None
+        return self._sparse_rows[unit]
 
     def _remote_labels(self, unit: int) -> np.ndarray:
         """Labels of row group `unit` of remote shards (fetched with the row group, kept: 8 bytes a row)."""

@@ -1,12 +1,13 @@
 """The local cache of remote shards, shared by every process that reads them (DataLoader workers, ranks on a node).
 
-`<root>/<md5>/<name>` (a shard's `footer`, its row groups `0`, `1`, ...) is only ever a complete, checked file:
-`open_or_fill` writes a temporary file `.<name>.<pid>.<thread>.tmp`, lets the caller check it, and renames it into
-place. One process fills a name while the others that want it wait on `<name>.lock` (`flock`) and then find it
-cached: a row group wanted by several workers at once is fetched once. Readers get an open file descriptor, so
-an eviction by another process (unlink) never pulls a file from under a read. Eviction keeps the row-group files
-and the temporary files of live processes within the bound (least recently used first: mtime, touched on every
-use), and deletes temporary files left by processes that died. A full disk is one RemoteError naming the cache."""
+`<root>/<md5>/<name>` (a shard's `footer`, its row groups `0`, `1`, ..., the kept rows of one `0-<digest>`) is only
+ever a complete, checked file: `open_or_fill` writes a temporary file `.<name>.<pid>.<thread>.tmp`, lets the caller
+check it, and renames it into place. One process fills a name while the others that want it wait on `<name>.lock`
+(`flock`) and then find it cached: a row group wanted by several workers at once is fetched once. Readers get an
+open file descriptor, so an eviction by another process (unlink) never pulls a file from under a read. Eviction
+keeps the row-group files and the temporary files of live processes within the bound (least recently used first:
+mtime, touched on every use), and deletes temporary files left by processes that died. A full disk is one
+RemoteError naming the cache."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Cache:
             fd = _open_cached(path)  # filled by another process while this one waited
             if fd is None:
                 fd = self._fill(path, fill)
-        if name.isdigit():
+        if is_piece(name):
             self.evict(keep=path)
         return fd
 
@@ -102,6 +103,13 @@ class Cache:
                 total -= size
 
 
+def is_piece(name: str) -> bool:
+    """A row group's file (`<group>`), or the kept rows of one (`<group>-<16 hex digits>`: remote.py's sparse
+    pieces): what eviction may delete."""
+    group, _, rows = name.partition("-")
+    return group.isdigit() and (not rows or (len(rows) == 16 and all(c in "0123456789abcdef" for c in rows)))
+
+
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -138,7 +146,7 @@ def _entries(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
                 continue
             with contextlib.suppress(FileNotFoundError), os.scandir(shard.path) as entries:
                 for entry in entries:
-                    if entry.name.isdigit() or entry.name.endswith(".tmp"):
+                    if is_piece(entry.name) or entry.name.endswith(".tmp"):
                         with contextlib.suppress(FileNotFoundError):
                             yield Path(entry.path), entry.stat()
 

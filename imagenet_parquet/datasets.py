@@ -56,7 +56,10 @@ class ParquetImageDataset(ShardedImages, _MapBase):
     that need one when there is none; a path; or False to read the labels as converted. `len(ds)`, `ds[i]`,
     `targets` and `classes` are then those of the curated dataset: excluded images are skipped. `verify=True`
     checks every image read from local shards against its row's sha256 (remote reads always are); footers are
-    checked against the overlay, labels against the label map, whatever `verify` is (docs/trainer.md)."""
+    checked against the overlay, labels against the label map, whatever `verify` is (docs/trainer.md).
+    `view`: a named subset (`<root>/../views/<view>/<split>.parquet`, the views stage's; it replaces the overlay,
+    which it already applies): its rows only, labels 0..K-1 in its classes' order, `classes` / `label_names` its
+    classes; a view that is not there is refused, listing those that are."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class ParquetImageDataset(ShardedImages, _MapBase):
         overlay: Any = "auto",
         verify: bool = False,
         crop: Callable[[bytes], Any] | None = None,
+        view: str | None = None,
     ):
         super().__init__(
             source,
@@ -85,6 +89,7 @@ class ParquetImageDataset(ShardedImages, _MapBase):
             overlay,
             verify,
             crop,
+            view,
         )
 
     def __len__(self) -> int:
@@ -137,7 +142,9 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
     `crop`: as for ParquetImageDataset (`TrainCrop(224)`: RandomResizedCrop + flip, decoding only the scale the
     crop needs; crops.py). `shuffle_buffer` (rows) is the older way to size the window: rounded to whole row
     groups. `read_ahead`: pieces of up to 64 images each worker reads ahead of decoding, in a background thread;
-    the kernel is also asked (POSIX_FADV_WILLNEED) for the two after those."""
+    the kernel is also asked (POSIX_FADV_WILLNEED) for the two after those. `view`: as for ParquetImageDataset;
+    a resume state records it (and the overlay's or view's content digest): a state of another view or another
+    version of the dataset is refused."""
 
     def __init__(
         self,
@@ -161,9 +168,10 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         overlay: Any = "auto",
         verify: bool = False,
         crop: Callable[[bytes], Any] | None = None,
+        view: str | None = None,
     ):
         super().__init__(
-            source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay, verify, crop
+            source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay, verify, crop, view
         )
         if read_ahead < 0:
             raise ValueError(f"read_ahead: expected >= 0 pieces, found {read_ahead}")
@@ -202,7 +210,7 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         """(bytes, label) of this (rank, worker)'s positions of the epoch order, in order, read ahead."""
         worker, workers = _worker()
         start, local, count = self._begin()
-        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
+        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window, self.index.generations)
         order = kept_order(order, self.overlay)
         positions = rank_positions(self._total(), start.origin, self.rank, self.world_size, self.uneven)
         mine = worker_positions(count, self.batch_size or 1, worker, workers, local)

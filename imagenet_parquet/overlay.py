@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,13 +27,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .format import FormatError, own_metadata
+from .format import CLASS_FIELDS, FormatError, class_names, own_metadata
 
 OVERLAY_KEY = b"imagenet_parquet.overlay"
 OVERLAY_FORMAT = 1
 LABEL_MAP_FORMAT = 2  # an overlay (or view) that carries its own `label_map`: the labels it gives follow that map
 OVERLAY_FORMATS = (OVERLAY_FORMAT, LABEL_MAP_FORMAT)  # what readers accept
 OVERLAY_DIR = "overlay"  # beside the Parquet root: data/parquet -> data/overlay
+VIEWS_DIR = "views"  # beside the Parquet root: data/parquet -> data/views/<name>/<split>.parquet
+VIEW_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+EXCLUDED_LABEL = -1  # format 2: the label of an excluded row whose class the label map no longer has
 OVERLAY_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int32()), ("label", pa.int64()), ("keep", pa.bool_())])
 OVERLAY_LIMIT = 1 << 30  # an overlay larger than this is not one (ImageNet-1k: ~2 MB; 13 M rows: ~25 MB)
 CURATED_BY_OVERLAY = "overlay"  # a shard's `curation` metadata: labels and membership come from the overlay
@@ -48,6 +52,28 @@ def overlay_path(files: Sequence[str | os.PathLike[str]], split: str | None = No
     """Where the overlay of shards `files` (in `<root>/<split>/`) lives: `<root>/../overlay/<split>.parquet`."""
     directory = Path(files[0]).parent
     return directory.parent.parent / OVERLAY_DIR / f"{split or directory.name}.parquet"
+
+
+def view_path(files: Sequence[str | os.PathLike[str]], name: str, split: str | None = None) -> Path:
+    """Where view `name` of shards `files` (in `<root>/<split>/`) lives: `<root>/../views/<name>/<split>.parquet`."""
+    directory = Path(files[0]).parent
+    return directory.parent.parent / VIEWS_DIR / check_view_name(name) / f"{split or directory.name}.parquet"
+
+
+def check_view_name(name: Any) -> str:
+    """`name` when it is a view name (`[a-z0-9][a-z0-9_-]{0,63}`); else a ValueError."""
+    if not isinstance(name, str) or not VIEW_NAME.fullmatch(name):
+        raise ValueError(f"view: expected a view name matching {VIEW_NAME.pattern}, found {name!r}")
+    return name
+
+
+def missing_view(where: Any, name: str, present: Sequence[str]) -> OverlayError:
+    """The error of a view that is not there, listing the views that are."""
+    shown = ", ".join(present) if present else "none"
+    return OverlayError(
+        f"{where}: expected view {name!r} (the views stage's data/views/{name}/), found views: {shown}; add it to "
+        "params.yaml `views:` and run `dvc repro` (or `dvc pull data/views`), or pass one of those"
+    )
 
 
 def footer_digest(tail: bytes) -> str:
@@ -135,6 +161,8 @@ class Overlay:
     keep: np.ndarray
     digest: str
     edits: dict[str, int]
+    label_map: dict[str, Any] | None = None  # format 2: the class list its labels follow (else the shards')
+    view: str | None = None  # the view's name, when it is one
 
     @property
     def kept(self) -> np.ndarray:
@@ -166,8 +194,11 @@ def read_overlay(path: str | os.PathLike[str]) -> tuple[dict[str, Any], pa.Table
             raise
         found = " ".join(str(err).split())  # one line: Arrow's messages span several
         raise _fail(path, "a curation overlay written by the curate stage", f"an unreadable file ({found})") from None
-    if not isinstance(meta, dict) or meta.get("format") != OVERLAY_FORMAT or table.schema.names != OVERLAY_SCHEMA.names:
-        raise _fail(path, f"overlay format {OVERLAY_FORMAT} (columns {OVERLAY_SCHEMA.names})", "another form")
+    known = isinstance(meta, dict) and meta.get("format") in OVERLAY_FORMATS
+    if not known or table.schema.names != OVERLAY_SCHEMA.names:
+        found = f"format {meta.get('format')!r}" if isinstance(meta, dict) else "another form"
+        formats = " or ".join(map(str, OVERLAY_FORMATS))
+        raise _fail(path, f"overlay format {formats} (columns {OVERLAY_SCHEMA.names})", f"{found} or other columns")
     if any(column.null_count for column in table.columns):
         raise _fail(path, "a shard, row, label and keep flag in every row", "nulls")
     labels = table.column("label").to_numpy()
@@ -201,12 +232,36 @@ def load_overlay(
     footers: Sequence[str],
     num_classes: int,
     complete: bool = False,
+    *,
+    view: str | None = None,
+    known: Sequence[dict[str, Any]] = (),
 ) -> Overlay:
     """The overlay at `path` for the shards `names` (file names, in reader order) with `rows` rows and footer
     digests `footers` each: every shard must be one the overlay was made for, unchanged; `complete` (a split read
-    whole, not shards picked by name): and every shard it lists must be there (a deleted one: refused, not skipped)."""
+    whole, not shards picked by name): and every shard it lists must be there (a deleted one: refused, not skipped).
+    Format 2 carries its own label map (`overlay_label_map`; `known`: the shards' label maps, for class names a
+    stored label map leaves out): its labels are checked against that, not `num_classes`. `view`: the file must be
+    that view's (metadata `view`)."""
     path = Path(path)
     meta, table = read_overlay(path)
+    if view is not None and meta.get("view") != view:
+        raise _fail(path, f"view {view!r} (metadata `view`)", f"view {meta.get('view')!r}")
+    take = _shard_rows(path, meta, names, rows, footers, complete)
+    label_map = overlay_label_map(meta, path, known)
+    if view is not None and label_map is None:
+        raise _fail(path, f"a view (overlay format {LABEL_MAP_FORMAT}, with its own label_map)", "overlay format 1")
+    labels = table.column("label").to_numpy()[take]
+    keep = table.column("keep").to_numpy(zero_copy_only=False)[take]
+    _check_labels(path, labels, keep, num_classes if label_map is None else len(label_map["classes"]), label_map)
+    edits = {k: int(meta.get(k, 0)) for k in ("relabelled", "excluded")}
+    digest = str(meta["content_sha256"])
+    return Overlay(path, str(meta.get("split")), labels, keep, digest, edits, label_map, view)
+
+
+def _shard_rows(
+    path: Path, meta: dict[str, Any], names: Sequence[str], rows: Sequence[int], footers: Sequence[str], complete: bool
+) -> np.ndarray:
+    """The overlay's rows of shards `names`, in that order, each shard checked (rows, footer) against its entry."""
     listed = {str(s[0]): (i, int(s[1]), str(s[2])) for i, s in enumerate(meta["shards"])}
     missing = sorted(set(listed) - set(names)) if complete else []
     if missing:
@@ -229,13 +284,58 @@ def load_overlay(
                 f"{count} rows and footer sha256 {footer[:16]}… (the shard changed, or its footer was altered)",
             )
         pieces.append(np.arange(starts[i], starts[i + 1]))
-    take = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    labels = table.column("label").to_numpy()[take]
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise _fail(path, f"labels in 0..{num_classes - 1}", f"{labels.min()}..{labels.max()}")
-    keep = table.column("keep").to_numpy(zero_copy_only=False)[take]
-    edits = {k: int(meta.get(k, 0)) for k in ("relabelled", "excluded")}
-    return Overlay(path, str(meta.get("split")), labels, keep, str(meta["content_sha256"]), edits)
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+def _check_labels(
+    path: Path, labels: np.ndarray, keep: np.ndarray, num_classes: int, label_map: dict[str, Any] | None
+) -> None:
+    """Kept rows: a label 0..num_classes-1; excluded ones too, or (format 2) EXCLUDED_LABEL."""
+    low = EXCLUDED_LABEL if label_map is not None else 0
+    bad = (labels >= num_classes) | (labels < np.where(keep, 0, low))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        allowed = f"0..{num_classes - 1}" + (f" ({EXCLUDED_LABEL} on excluded rows only)" if low < 0 else "")
+        what = "kept" if keep[row] else "excluded"
+        raise _fail(path, f"labels in {allowed}", f"label {labels[row]} on a {what} row ({row})")
+
+
+def overlay_label_map(meta: dict[str, Any], path: Path, known: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+    """The label map a format-2 overlay carries, whole (as label_map.json: `classes` with label, name, ...), or None
+    (format 1: the shards' own). Stored as label_map.json (what the writers should store: it has the class names)
+    or as shards store it (`stored_label_map`, no names: then those of the same wnids in `known`, the shards' label
+    maps — a folder dataset's classes have no wnid, so its label map must be stored whole)."""
+    if meta.get("format") != LABEL_MAP_FORMAT:
+        return None
+    stored = meta.get("label_map")
+    try:
+        whole = stored if isinstance(stored, dict) and "classes" in stored else _unstored(stored, known)
+        class_names(whole)
+    except (FormatError, KeyError, TypeError, AttributeError) as err:
+        raise _fail(path, "a `label_map` (labels 0..K-1 with their class names) in its metadata", str(err)) from None
+    return whole
+
+
+def _unstored(stored: Any, known: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A `stored_label_map` made whole again, its names from its own `name` field or the wnids of `known`."""
+    fields = stored.get(CLASS_FIELDS) if isinstance(stored, dict) else None
+    count = stored.get("num_classes") if isinstance(stored, dict) else None
+    if (
+        not isinstance(fields, dict)
+        or not isinstance(count, int)
+        or any(not isinstance(v, list) or len(v) != count for v in fields.values())
+    ):
+        raise FormatError(f"no label map (or `{CLASS_FIELDS}` lists that are not num_classes long)")
+    by_wnid = {c.get("wnid"): c.get("name") for m in known for c in m.get("classes", []) if c.get("wnid")}
+    names = fields.get("name") or [by_wnid.get(w) for w in fields.get("wnid", [None] * count)]
+    if any(not isinstance(n, str) for n in names):
+        raise FormatError(
+            "a label map stored without class names, for classes no shard names by wnid (store it whole, as "
+            "label_map.json, with the names)"
+        )
+    classes = [{"label": i, "name": n, **{k: v[i] for k, v in fields.items()}} for i, n in enumerate(names)]
+    rest = {k: v for k, v in stored.items() if k != CLASS_FIELDS}
+    return {**rest, "classes": classes}
 
 
 def resolve_overlay(
@@ -248,15 +348,21 @@ def resolve_overlay(
     found: Path | None = None,
     footers: Sequence[str] | None = None,
     complete: bool = False,
+    *,
+    view: str | None = None,
+    known: Sequence[dict[str, Any]] = (),
 ) -> Overlay | None:
     """The overlay a reader applies: `overlay` "auto" (the default: `overlay_path`; remote shards, whose `footers`
     digests are given: `found`, fetched and checked, None for a version without one), a path, or False/None
     (labels as converted); local shards whose footers the caller read pass the overlay path as `found` and those
     `footers`. Shards that say they are curated by an overlay (`first_footer`, format >= 6) are refused without one,
-    unless `overlay` is False. `complete`: the shards are a whole split (load_overlay)."""
+    unless `overlay` is False. `complete`: the shards are a whole split (load_overlay). `view`: the named view's
+    file (`view_path`, or `found`) instead of the overlay — it already applies it, so `overlay` must be "auto"."""
+    auto = isinstance(overlay, str) and overlay == "auto"
+    if view is not None:
+        return _resolve_view(view, auto, overlay, files, split, rows, found, footers, complete, known)
     if overlay is False or overlay is None:
         return None
-    auto = isinstance(overlay, str) and overlay == "auto"
     if auto and (own_metadata(first_footer) or {}).get("curation") == CURATION_APPLIED:
         return None  # compacted shards (tasks/curate/compact.py): the curation is in them; data/overlay is not theirs
     path = (overlay_path(files, split) if footers is None else found) if auto else Path(overlay)
@@ -271,4 +377,33 @@ def resolve_overlay(
             )
         return None
     digests = list(footers) if footers is not None else [footer_digest(footer_tail(f)) for f in files]
-    return load_overlay(path, [Path(f).name for f in files], rows, digests, num_classes, complete)
+    return load_overlay(path, [Path(f).name for f in files], rows, digests, num_classes, complete, known=known)
+
+
+def _resolve_view(
+    view: str,
+    auto: bool,
+    overlay: Any,
+    files: Sequence[Path],
+    split: str | None,
+    rows: Sequence[int],
+    found: Path | None,
+    footers: Sequence[str] | None,
+    complete: bool,
+    known: Sequence[dict[str, Any]],
+) -> Overlay:
+    """View `view` of `files` (resolve_overlay), checked as an overlay is, and named as that view."""
+    check_view_name(view)
+    if not auto:
+        raise ValueError(
+            f"view and overlay: expected one of them (a view already applies the curation overlay), found "
+            f"view={view!r} and overlay={overlay!r}; drop overlay="
+        )
+    path = found if found is not None else view_path(files, view, split)
+    if not path.is_file():
+        views = path.parent.parent
+        present = sorted(d.name for d in views.iterdir() if (d / path.name).is_file()) if views.is_dir() else []
+        raise missing_view(views, view, present)
+    digests = list(footers) if footers is not None else [footer_digest(footer_tail(f)) for f in files]
+    names = [Path(f).name for f in files]
+    return load_overlay(path, names, rows, digests, 0, complete, view=view, known=known)

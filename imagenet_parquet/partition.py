@@ -47,21 +47,60 @@ def unit_order(num_units: int, seed: int, epoch: int, shuffle: bool) -> np.ndarr
     return np.random.default_rng([seed, epoch]).permutation(num_units).astype(np.int64)
 
 
-def epoch_order(starts: np.ndarray, seed: int, epoch: int, shuffle: bool = True, window: int = 4) -> np.ndarray:
+def epoch_order(
+    starts: np.ndarray,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    window: int = 4,
+    generations: np.ndarray | None = None,
+) -> np.ndarray:
     """Every row index once (row group u holds rows starts[u]..starts[u+1]-1): row groups in `unit_order`, rows
-    shuffled inside each window of `window` consecutive row groups of that order. A function of (seed, epoch)."""
+    shuffled inside each window of `window` consecutive row groups of that order. A function of (seed, epoch).
+
+    `generations[u]`: the generation of row group u (shards appended later: format.shard_generation). With one
+    generation, the order above. With several, each generation's row groups are ordered so among themselves
+    (generation 0 exactly as alone) and the generations are merged by a seeded random interleave of positions
+    (`interleave`): each position holds generation g with probability rows_g / total, so the rows of an appended
+    generation — one new class, say — spread over the epoch instead of filling the batches of a window."""
     check_window(window)
     starts = np.asarray(starts, dtype=np.int64)
     if not shuffle:
         return np.arange(int(starts[-1]), dtype=np.int64)
-    units = unit_order(len(starts) - 1, seed, epoch, True)
+    levels = np.unique(generations) if generations is not None and len(generations) else np.zeros(1, np.int64)
+    if len(levels) == 1:
+        return _shuffled(starts, [seed, epoch], window)
+    assert generations is not None
+    orders = []
+    for g in levels.tolist():
+        units = np.flatnonzero(generations == g)
+        sizes = starts[units + 1] - starts[units]
+        rows = np.repeat(starts[units] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+        key = [seed, epoch] if g == levels[0] else [seed, epoch, 2, int(g)]
+        orders.append(rows[_shuffled(np.concatenate([[0], np.cumsum(sizes)]), key, window)])
+    return interleave(orders, [seed, epoch, 3])
+
+
+def _shuffled(starts: np.ndarray, key: list[int], window: int) -> np.ndarray:
+    """`epoch_order` of one generation: row groups permuted (rng `key`), rows inside windows (rng key + [1])."""
+    units = np.random.default_rng(key).permutation(len(starts) - 1).astype(np.int64)
     sizes = starts[1:][units] - starts[:-1][units]
     rows = np.repeat(starts[:-1][units] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
-    rng = np.random.default_rng([seed, epoch, 1])
+    rng = np.random.default_rng([*key, 1])
     bounds = np.concatenate([[0], np.cumsum(sizes)])[::window].tolist() + [len(rows)]
     for a, b in itertools.pairwise(bounds):
         rng.shuffle(rows[a:b])
     return rows
+
+
+def interleave(orders: list[np.ndarray], key: list[int]) -> np.ndarray:
+    """`orders` merged, each kept in its own order, at positions drawn at random (rng `key`): a uniform random
+    interleave, so every position holds order i with probability len(orders[i]) / total."""
+    which = np.random.default_rng(key).permutation(np.repeat(np.arange(len(orders)), [len(o) for o in orders]))
+    merged = np.empty(len(which), dtype=np.int64)
+    for i, order in enumerate(orders):
+        merged[which == i] = order
+    return merged
 
 
 def check_window(window: int) -> None:

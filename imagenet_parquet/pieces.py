@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .fetch import Corrupt
-from .format import HASH_ALGORITHM
+from .format import HASH_ALGORITHM, plain_value
 from .shards import row_group_span
 
 VERIFY_COLUMNS = ["image.bytes", HASH_ALGORITHM]
@@ -89,6 +89,27 @@ class Pieces:
             verify_row_group(pf, memoryview(data), first, group, self.index, self.name)
 
 
+def column_span(meta: pq.FileMetaData, group: int, name: str) -> tuple[int, int]:
+    """(first, end) byte offsets of column `name`'s chunk (dictionary page included) in row group `group`."""
+    rg = meta.row_group(group)
+    col = next(rg.column(c) for c in range(rg.num_columns) if rg.column(c).path_in_schema == name)
+    start = col.data_page_offset
+    if col.has_dictionary_page and col.dictionary_page_offset is not None:
+        start = min(start, col.dictionary_page_offset)
+    return start, start + col.total_compressed_size
+
+
+def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """(first, end) byte ranges sorted and merged where they touch or lie at most `gap` bytes apart."""
+    merged: list[tuple[int, int]] = []
+    for first, end in sorted(ranges):
+        if merged and first <= merged[-1][1] + gap:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((first, end))
+    return merged
+
+
 def verify_row_group(
     pf: pq.ParquetFile, view: memoryview, base: int, group: int, index: np.ndarray | None, name: str
 ) -> None:
@@ -111,6 +132,24 @@ def verify_row_group(
     for row, (data, digest) in enumerate(zip(images, hashes, strict=True)):
         if data is None or hashlib.sha256(data).hexdigest() != digest:
             raise Corrupt(f"image {row} of row group {group} of {name} does not match its {HASH_ALGORITHM}")
+
+
+def verify_rows(pieces: Pieces, fd: int, group: int, rows: Sequence[int]) -> None:
+    """Corrupt unless each of file rows `rows` (in row group `group`) of the sparse piece open at `fd` — their
+    image values and the group's sha256 chunk fetched there — holds the image its sha256 says (byte index)."""
+    assert pieces.index is not None
+    with pieces._bound(fd) as pf:
+        try:
+            hashes = pf.read_row_group(group, [HASH_ALGORITHM], use_threads=False).column(0).to_pylist()
+        except (OSError, ValueError, pa.ArrowException) as err:
+            found = f"other bytes ({err})"
+            raise Corrupt(f"expected the {HASH_ALGORITHM} chunk of row group {group}, found {found}") from None
+    first = sum(pieces.meta.row_group(g).num_rows for g in range(group))
+    for row in rows:
+        offset, size = (int(v) for v in pieces.index[row])
+        data = plain_value(os.pread(fd, size + 4, offset - 4), size)
+        if data is None or hashlib.sha256(data).hexdigest() != hashes[row - first]:
+            raise Corrupt(f"image {row} of {pieces.name} does not match its {HASH_ALGORITHM}")
 
 
 def _plain(view: memoryview, offset: int, size: int) -> memoryview | None:

@@ -18,6 +18,7 @@ Each process fetches only the row groups it reads; one that several processes wa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,15 +30,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .cache import Cache
-from .dvcremote import Remote, RemoteError, check_md5, find_remote, list_shards, lock_out
+from .dvcremote import Remote, RemoteError, check_md5, fetch_listing, find_remote, list_shards, lock_out
 from .fetch import Corrupt, Fetcher, Policy
 from .format import HASH_ALGORITHM, decode_image_index, read_indexed
-from .overlay import OVERLAY_DIR, OVERLAY_LIMIT, footer_digest
-from .pieces import Pieces
+from .overlay import OVERLAY_DIR, OVERLAY_LIMIT, VIEWS_DIR, check_view_name, footer_digest, missing_view
+from .pieces import Pieces, coalesce, column_span, verify_rows
 from .shards import row_group_span
 
 TAIL_BYTES = 1 << 19  # first guess at the footer size: label maps + byte index, ~360 KiB for a 1000-class 256 MB shard
 FETCH_THREADS = 16
+COALESCE_GAP = 1024  # sparse reads: kept images at most this many bytes apart are fetched in one range request
 
 
 def default_cache_dir() -> Path:
@@ -52,14 +54,21 @@ def open_dvc(
     cache_dir: str | os.PathLike[str] | None,
     cache_gb: float,
     policy: Policy | None = None,
+    view: str | None = None,
 ) -> RemoteShards:
-    """The RemoteShards of DVC-tracked `path` in checkout `repo` (see ParquetIterableDataset.from_dvc)."""
+    """The RemoteShards of DVC-tracked `path` in checkout `repo` (see ParquetIterableDataset.from_dvc): with the
+    version's curation overlay, or the file of view `view` instead."""
     out, md5 = lock_out(repo, path, rev)
     fetcher = Fetcher(find_remote(repo, rev, remote), policy or Policy())
     entries = list_shards(fetcher, out, md5, path)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    overlay = _overlay_entry(fetcher, repo, out, path, rev)
-    return RemoteShards(fetcher.remote, entries, cache, int(cache_gb * 1e9), fetcher.policy, overlay)
+    if view is None:
+        overlay = _overlay_entry(fetcher, repo, out, path, rev)
+    else:
+        overlay = _view_entry(fetcher, repo, out, path, rev, view)
+    shards = RemoteShards(fetcher.remote, entries, cache, int(cache_gb * 1e9), fetcher.policy, overlay)
+    shards.view = view
+    return shards
 
 
 def _overlay_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str | None) -> tuple[str, str] | None:
@@ -75,6 +84,32 @@ def _overlay_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str |
         return None
     found = dict(list_shards(fetcher, overlay_out, md5, str(target.parent)))
     return (str(target), found[target.name]) if target.name in found else None
+
+
+def _view_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str | None, view: str) -> tuple[str, str]:
+    """(path, md5) of view `view`'s file for the split `path` names (`<out>/../views/<view>/<split>.parquet`), as
+    this version's dvc.lock and listing vouch for it; a view that is not there: an error listing those that are."""
+    sub = PurePosixPath(path).relative_to(out).parts
+    if not sub:
+        raise ValueError(f"view: expected a split (data/parquet/<split>, or split=) to read view {view!r} of")
+    target = PurePosixPath(out).parent / VIEWS_DIR / check_view_name(view) / f"{sub[0]}.parquet"
+    try:
+        views_out, md5 = lock_out(repo, str(target), rev)
+    except RemoteError:
+        raise missing_view(f"{repo}/dvc.lock", view, []) from None
+    entries: dict[str, str] = {}
+    if md5.endswith(".dir"):
+        try:
+            entries = {str(e["relpath"]): str(e["md5"]) for e in json.loads(fetch_listing(fetcher, md5))}
+        except (ValueError, TypeError, KeyError) as err:
+            raise RemoteError(f"{views_out} ({md5}): expected a JSON list of {{md5, relpath}}, found: {err}") from None
+    elif PurePosixPath(views_out) == target:
+        entries = {target.name: md5}
+    rel = str(target.relative_to(views_out)) if PurePosixPath(views_out) != target else target.name
+    if rel not in entries:
+        present = sorted({r.split("/")[0] for r in entries if r.endswith(f"/{target.name}")})
+        raise missing_view(f"{views_out} in dvc.lock", view, present)
+    return str(target), entries[rel]
 
 
 class RemoteShards:
@@ -99,6 +134,7 @@ class RemoteShards:
             None if overlay is None else (overlay[0], check_md5(overlay[1], remote.shown(remote.url), overlay[0]))
         )
         self.fetcher, self.cache = Fetcher(remote, policy or Policy()), Cache(self.cache_dir, self.cache_bytes)
+        self.view: str | None = None  # the view whose file `overlay` is (open_dvc), else the curation overlay's
         self._reset()
 
     def _reset(self) -> None:
@@ -244,17 +280,49 @@ class RemoteShards:
         finally:
             os.close(fd)
 
-    def read_image(self, file: int, group: int, row: int) -> bytes | None:
+    def read_image(self, file: int, group: int, row: int, kept: Sequence[int] | None = None) -> bytes | None:
         """Image `row` of `file` (in row group `group`) through the footer's byte index (map-style), the row group
-        fetched into the cache first; None for a shard without the index (the caller reads the row group)."""
+        fetched into the cache first — or, given `kept` (the file rows of the group the reader keeps, `row` among
+        them), those rows' images only (`_rows_piece`); None for a shard without the index (the caller reads the
+        row group)."""
         index = self._byte_index(file)
         if index is None:
             return None
-        fd = self._piece(file, group)
+        fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
         try:
             return read_indexed(fd, index[row], self.entries[file][0])
         finally:
             os.close(fd)
+
+    def _rows_piece(self, file: int, group: int, kept: tuple[int, ...]) -> int:
+        """A descriptor of the local sparse file holding the images of file rows `kept` of row group `group` and the
+        group's sha256 chunk, at their own offsets (verified), fetched if needed: a few range requests (adjacent
+        images in one), so a view keeping few rows reads about their bytes, not the row group's."""
+        name = f"{group}-{hashlib.sha256(np.asarray(kept, dtype='<i8').tobytes()).hexdigest()[:16]}"
+        md5 = self.entries[file][1]
+        return self.cache.open_or_fill(md5, name, lambda fd: self._fill_rows(file, group, kept, fd))
+
+    def _fill_rows(self, file: int, group: int, kept: tuple[int, ...], fd: int) -> None:
+        meta, index, url = self.footer(file), self._byte_index(file), self._url(file)
+        assert index is not None
+        images = [(int(offset) - 4, int(offset) + int(size)) for offset, size in index[list(kept)]]
+        ranges = coalesce([column_span(meta, group, HASH_ALGORITHM), *images], COALESCE_GAP)
+
+        def fetch(span: tuple[int, int]) -> None:
+            self.cache.write(fd, self.fetcher.read(url, *span), span[0])
+
+        def attempt() -> None:
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(ranges))) as pool:  # a few ranges: in parallel
+                list(pool.map(fetch, ranges))
+            verify_rows(self._pieces(file), fd, group, kept)
+
+        try:
+            self.fetcher.retry(url, f"{len(kept)} images of row group {group}", attempt)
+        except FileNotFoundError:
+            raise RemoteError(f"{self.remote.shown(url)}: expected shard object, found none; run `dvc push`") from None
+        except RemoteError:  # as for a whole row group: the footer (its byte index) may be the bad part
+            (self.cache_dir / self.entries[file][1] / "footer").unlink(missing_ok=True)
+            raise
 
     def _byte_index(self, file: int) -> np.ndarray | None:
         if file not in self._index:

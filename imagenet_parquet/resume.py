@@ -36,6 +36,7 @@ class Resumable:
 
     index: ShardIndex
     overlay_digest: str | None = None  # the curation overlay's content digest: a state records it, a resume checks it
+    view: str | None = None  # the view read (a state records it, a resume checks it)
 
     def _init_order(
         self, shuffle: bool, window: int, seed: int, rank: int | None, world_size: int | None, uneven: str
@@ -73,7 +74,8 @@ class Resumable:
             start = self._start()
             origin, seen = start.origin, start.seen
         state = Position(self.epoch, origin, seen, self._topology()).to_state(self.seed, self._total())
-        return {**state, "curation": self.overlay_digest} if self.overlay_digest else state
+        state = {**state, "curation": self.overlay_digest} if self.overlay_digest else state
+        return {**state, "view": self.view} if self.view else state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at `state` (from state_dict(), or `{"epoch": e, "samples_seen": n}` from the training loop):
@@ -85,13 +87,21 @@ class Resumable:
         self.epoch, self._resume, self._pass = position.epoch, position, None
 
     def _check_curation(self, state: Mapping[str, Any]) -> None:
-        """A state saved under another curation overlay (other labels or exclusions) is refused."""
+        """A state saved under another curation overlay (other labels or exclusions, another version of the
+        dataset: appended or removed images) or on another view is refused."""
+        if ("view" in state or "curation" in state) and state.get("view") != self.view:
+            raise ValueError(
+                f"state: expected view={self.view!r} (the view this dataset reads), found view={state.get('view')!r}"
+                "; a state saved on another view cannot resume here (its positions are of other rows): start the "
+                'epoch again, or load {"epoch": e, "samples_seen": 0}'
+            )
         if "curation" in state and state["curation"] != self.overlay_digest:
             found = str(state["curation"])[:16] if isinstance(state["curation"], str) else repr(state["curation"])
             raise ValueError(
                 f"state: expected curation={str(self.overlay_digest)[:16] if self.overlay_digest else 'none'}… (the "
-                f"overlay this dataset applies), found curation={found}…; the labels or exclusions changed since "
-                'the state was saved: start the epoch again, or load {"epoch": e, "samples_seen": 0}'
+                f"overlay or view this dataset applies), found curation={found}…; the labels or exclusions changed "
+                "(or the shards: another version of the dataset) since the state was saved: start the epoch again, or "
+                'load {"epoch": e, "samples_seen": 0}'
             )
 
     def _other_topology(self, position: Position) -> Position:

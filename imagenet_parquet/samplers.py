@@ -34,7 +34,8 @@ class RowGroupSampler(Resumable, _SamplerBase):
     decode). `state_dict()` / `load_state_dict()` resume mid-epoch (torchdata's StatefulDataLoader calls them);
     a state saved on one world size resumes on another with every remaining image exactly once. Distributed by
     `rank`/`world_size` (default torch.distributed's when initialised), `uneven` as in partition.py; call
-    `set_epoch` before each epoch as for torch's DistributedSampler."""
+    `set_epoch` before each epoch as for torch's DistributedSampler. It orders the dataset's rows: those of its
+    `view` (`view=`, when given, must name that one; a state of another view is refused)."""
 
     def __init__(
         self,
@@ -46,7 +47,14 @@ class RowGroupSampler(Resumable, _SamplerBase):
         rank: int | None = None,
         world_size: int | None = None,
         uneven: str = "keep",
+        view: str | None = None,
     ):
+        if view is not None and view != dataset.view:
+            raise ValueError(
+                f"view: expected the dataset's view ({dataset.view!r}: the sampler orders its rows), found {view!r}; "
+                "pass view= to the dataset"
+            )
+        self.view = dataset.view
         self.index, self.overlay = dataset.index, dataset.overlay
         self.overlay_digest = None if dataset.overlay is None else dataset.overlay.digest
         # global row -> dataset index (the overlay's kept rows are the dataset's indices 0..n-1)
@@ -62,7 +70,7 @@ class RowGroupSampler(Resumable, _SamplerBase):
 
     def __iter__(self) -> Iterator[int]:
         start, local, _ = self._begin()
-        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window)
+        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window, self.index.generations)
         order = kept_order(order, self.overlay)
         if self._position is not None:
             order = self._position[order]

@@ -23,8 +23,9 @@ from .format import (
     FormatError,
     label_map_from_metadata,
     own_label_map,
+    shard_generation,
 )
-from .overlay import Overlay, footer_digest, overlay_path, resolve_overlay, tail_at
+from .overlay import Overlay, footer_digest, overlay_path, resolve_overlay, tail_at, view_path
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -126,6 +127,27 @@ def read_footers(files: Sequence[Path]) -> tuple[list[pq.FileMetaData], list[str
 _LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # where a shard's label map is read from
 
 
+def label_maps_of(
+    files: Sequence[Path], metadata: Sequence[pq.FileMetaData], own_only: bool
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """The distinct label maps of the shards (in order of first appearance) and, per file, the position of its own
+    (-1: none; `own_only`: an explicit label map was given, so shards without one in `imagenet_parquet` are fine)."""
+    maps: list[dict[str, Any]] = []
+    map_of: list[int] = []
+    parsed: dict[tuple[bytes | None, ...], int] = {}  # one parse per distinct metadata value
+    for path, meta in zip(files, metadata, strict=True):
+        raw = tuple((meta.metadata or {}).get(key) for key in _LABEL_MAP_KEYS)
+        if raw not in parsed:  # 19,000 classes: ~1 MB of JSON a shard, the same in every shard of a split
+            this = own_label_map(meta.metadata, path) if own_only else label_map_from_metadata(meta.metadata, path)
+            same = next((i for i, m in enumerate(maps) if m == this), None)
+            if this is not None and same is None:
+                maps.append(this)
+                same = len(maps) - 1
+            parsed[raw] = -1 if same is None else same
+        map_of.append(parsed[raw])
+    return maps, map_of
+
+
 def _label_keys(label_map: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     return sorted((c.get("label"), c.get("wnid"), c.get("name")) for c in label_map.get("classes", []))
 
@@ -137,7 +159,10 @@ class ShardIndex:
     `starts[u]` is the global index of the first row of unit u; `starts[-1]` is the total row count.
     `spans[u]` is the (first, end) byte range of unit u's column chunks in its file (what read-ahead asks for).
     `footers[f]`: the SHA-256 of file f's footer as the index read it (local shards; empty for remote ones, whose
-    footers the remote checks): `open_fd` / `open_file` refuse a file that is no longer that one."""
+    footers the remote checks): `open_fd` / `open_file` refuse a file that is no longer that one.
+    `generations[u]`: the generation of unit u's shard (format.shard_generation: 0 unless appended later);
+    `label_maps`: the distinct label maps the shards carry (several once classes changed between generations: a
+    format-2 overlay then gives the class list, `classes_for`)."""
 
     files: tuple[Path, ...]
     file_of: np.ndarray
@@ -147,6 +172,9 @@ class ShardIndex:
     label_map: dict[str, Any]
     spans: np.ndarray
     footers: tuple[str, ...] = ()
+    generations: np.ndarray | None = None
+    label_maps: tuple[dict[str, Any], ...] = ()
+    map_of: tuple[int, ...] = ()  # per file: its label map's position in `label_maps` (-1: it carries none)
 
     @classmethod
     def build(
@@ -155,35 +183,23 @@ class ShardIndex:
         label_map: dict[str, Any] | None = None,
         metadata: Sequence[pq.FileMetaData] | None = None,
     ) -> ShardIndex:
-        """Read only the Parquet footers (no data pages); every shard must carry the same label map, and an
-        explicit `label_map` must agree with it (same wnid and name per label) where the shards carry one.
+        """Read only the Parquet footers (no data pages). Shards may carry different label maps (generations
+        appended after the classes changed: `classes_for` then needs a format-2 overlay); an explicit `label_map`
+        must agree (same wnid and name per label) with the one the shards carry when they all carry the same.
         `metadata`: the footers, already parsed (remote shards), instead of reading them from `files`."""
-        file_of, group_of, rows, spans = [], [], [], []
+        file_of, group_of, rows, spans, generations = [], [], [], [], []
         metadata, footers = (metadata, []) if metadata is not None else read_footers(files)
-        found: dict[str, Any] | None = None
-        parsed: dict[tuple[bytes | None, ...], dict[str, Any] | None] = {}  # one parse per distinct metadata value
-        for i, path in enumerate(files):
-            meta = metadata[i]
-            raw = tuple((meta.metadata or {}).get(key) for key in _LABEL_MAP_KEYS)
-            if raw not in parsed:  # 19,000 classes: ~1 MB of JSON a shard, the same in every shard of a split
-                parsed[raw] = (
-                    own_label_map(meta.metadata, path)
-                    if label_map is not None
-                    else label_map_from_metadata(meta.metadata, path)
-                )
-            this = parsed[raw]
-            if this is not None and found is not None and this is not found and this != found:
-                raise ValueError(
-                    f"{path}: expected the same label map as {files[0]}, found a different one; "
-                    "mixing shards from different conversions is not supported"
-                )
-            found = found or this
+        maps, map_of = label_maps_of(files, metadata, label_map is not None)
+        for i, meta in enumerate(metadata):
+            generation = shard_generation(meta.metadata)
             for g in range(meta.num_row_groups):
                 file_of.append(i)
                 group_of.append(g)
                 rows.append(meta.row_group(g).num_rows)
                 spans.append(row_group_span(meta, g))
-        if label_map is not None and found is not None and _label_keys(label_map) != _label_keys(found):
+                generations.append(generation)
+        found = maps[0] if maps else None
+        if label_map is not None and len(maps) == 1 and _label_keys(label_map) != _label_keys(maps[0]):
             raise ValueError(
                 f"label_map: expected the label map stored in {files[0]} (same wnid and name per "
                 "label), found a different one; drop label_map= or pass the matching label_map.json"
@@ -199,7 +215,26 @@ class ShardIndex:
             label_map or found or {},
             np.asarray(spans, dtype=np.int64).reshape(-1, 2),
             tuple(footers),
+            np.asarray(generations, dtype=np.int64),
+            tuple(maps),
+            tuple(map_of),
         )
+
+    def classes_for(self, overlay: Overlay | None) -> dict[str, Any]:
+        """The label map of the dataset these shards and `overlay` make: a format-2 overlay's (or view's) own,
+        else the one every shard carries — shards with different label maps need a format-2 overlay."""
+        if overlay is not None and overlay.label_map is not None:
+            return overlay.label_map
+        if len(self.label_maps) > 1:
+            odd = next(f for f, m in zip(self.files, self.map_of, strict=True) if m > 0)
+            has = "no overlay" if overlay is None else f"the format-1 overlay {overlay.path}"
+            raise FormatError(
+                f"{odd}: expected the same label map as {self.files[0]} (shards without an overlay that maps "
+                f"their labels must share one), found another ({len(self.label_maps)} label maps: classes changed "
+                f"between appended generations) and {has}; run `dvc repro` (the curate stage writes a format-2 overlay "
+                "holding the current label map), or `dvc pull` the shards and data/overlay of one version together"
+            )
+        return self.label_map
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -218,14 +253,20 @@ class ShardIndex:
         counts = np.bincount(self.file_of, weights=self.rows, minlength=len(self.files)).astype(np.int64)
         return [int(n) for n in counts]
 
-    def local_overlay(self, overlay: Any, split: str | None, whole: bool) -> Overlay | None:
+    def local_overlay(self, overlay: Any, split: str | None, whole: bool, view: str | None = None) -> Overlay | None:
         """The curation overlay of these local shards (`overlay` as the readers take it: "auto", a path, False),
-        checked against the footers this index read; `whole`: the shards are a whole split (`whole_split`), so
-        every shard the overlay lists must be there. What every local reader and `tables` apply."""
+        or view `view` (overlay.view_path), checked against the footers this index read; `whole`: the shards are a
+        whole split (`whole_split`), so every shard the overlay lists must be there. What every local reader and
+        `tables` apply."""
         files = list(self.files)
         first = pq.read_metadata(files[0]).metadata
-        classes, found = len(self.label_map["classes"]), overlay_path(files, split)
-        return resolve_overlay(overlay, files, split, self.rows_per_file(), classes, first, found, self.footers, whole)
+        classes = len(self.label_map["classes"])
+        found = overlay_path(files, split) if view is None else view_path(files, view, split)
+        rows = self.rows_per_file()
+        known = self.label_maps
+        return resolve_overlay(
+            overlay, files, split, rows, classes, first, found, self.footers, whole, view=view, known=known
+        )
 
     def open_fd(self, file: int) -> tuple[int, pq.FileMetaData]:
         """An O_RDONLY descriptor of file `file` and its footer, read through that descriptor and checked to be the

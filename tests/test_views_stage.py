@@ -20,7 +20,7 @@ import yaml
 
 from imagenet_parquet.format import class_ids, read_label_map, stored_label_map
 from imagenet_parquet.overlay import OVERLAY_KEY, OverlayError, overlay_table, read_overlay, write_overlay
-from tasks.common import ARCHIVES, PipelineError
+from tasks.common import ARCHIVES, SPLITS, PipelineError
 from tasks.common.params import Project, validate_params
 from tasks.convert.distribute import run_local
 from tasks.convert.job import job_from_params
@@ -181,6 +181,9 @@ def test_two_runs_are_byte_identical_and_a_removed_view_is_gone(sample, tmp_path
     ({"where": [{"column": "width", "glob": "4*"}]},
      r"views.bad.where\[0\]: expected min, max or in on the numeric column width, found glob"),
     ({"where": [{"column": "path", "in": [3]}]}, r"views.bad.where\[0\]: expected in: text values of column path"),
+    ({"where": [{"column": "width", "in": [1 << 40]}]},
+     r"views.bad.where\[0\]: expected in: integer \(int32\) values of column width, found 1099511627776"),
+    ({"where": [{"column": "phash", "min": 1}]}, r"views.bad.where\[0\]: expected in on phash \(a fingerprint"),
     ({"where": [{"column": "width", "min": 100_000}]},
      (r"params.yaml views.bad: expected rows of train in the view, found none \(rows left after each step: curated "
      r"199, classes 199, where\[0\] 0\); widen its classes or where")),
@@ -284,17 +287,23 @@ def test_the_repository_default_view_through_the_stage_command(sample, tmp_path,
     (root / "params.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     reports = root / "data" / "reports"
     reports.mkdir(parents=True, exist_ok=True)
-    (reports / "near_duplicates_exclude.csv").write_text("split,wnid,name,reason\n", encoding="utf-8")
+    first = shard_rows(root / "data" / "parquet", "val")[0]  # validate's list, as if it had found one
+    (reports / "near_duplicates_exclude.csv").write_text(
+        f"split,wnid,name,reason\nval,{first['wnid']},{first['path']},near-duplicate of train/x (distance 4)\n",
+        encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "flows.views"], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     written = tree(root / "data" / "views")
-    assert sorted(written) == [*[f"{name}/{s}.parquet" for name in sorted(doc["views"]) for s in ("train", "val")],
-                               "views.json"]
+    listed = [f"{name}/{split}.parquet" for name, view in doc["views"].items() for split in view.get("splits", SPLITS)]
+    assert sorted(written) == sorted([*listed, "views.json"])
     out = tmp_path / "views"
     views.write_views(dataclasses.replace(views.job_from_params(setup(root, doc["views"])), views_dir=out))
     assert tree(out) == written
+    report = json.loads(written["views.json"])["views"]
+    if "val-unseen" in report:  # the committed default: all of val but the listed near-duplicate
+        assert report["val-unseen"]["splits"]["val"]["rows"] == len(shard_rows(root / "data" / "parquet", "val")) - 1
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["views"]
     assert stage["params"] == ["views"] and "${paths.views}" in stage["outs"]
     if any(v.get("near_duplicates") == "drop" for v in doc["views"].values()):

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
-from imagenet_parquet.format import FIELDS
+from imagenet_parquet.format import FIELDS, FINGERPRINT_COLUMN
 from tasks.common import DATA_DIR, PipelineError
 from tasks.common.params import CLASS_SUBSETS, ViewCondition, ViewSpec, resolve_path
 
@@ -59,12 +60,24 @@ def _operator_problem(condition: ViewCondition) -> str | None:
         return f"glob or in on the text column {column}, found min/max"
     if not text and condition.glob is not None:
         return f"min, max or in on the numeric column {column}, found glob"
+    if any(isinstance(v, int) and not _fits(v, pa.int64()) for v in (condition.min, condition.max)):
+        return f"min and max within 64-bit integers for column {column}, found min {condition.min}, max {condition.max}"
+    if column == FINGERPRINT_COLUMN and (condition.min is not None or condition.max is not None):
+        return f"in on {column} (a fingerprint: its values have no order), found min/max"
     values = condition.in_ or []
-    wrong = [v for v in values if isinstance(v, str) != text or (not text and not isinstance(v, int))]
+    wrong = [v for v in values if isinstance(v, str) != text or (not text and not _fits(v, COLUMN_TYPES[column]))]
     if wrong:
-        kind = "text" if text else "integer"
+        kind = "text" if text else f"integer ({COLUMN_TYPES[column]})"
         return f"in: {kind} values of column {column}, found {wrong[0]!r}"
     return None
+
+
+def _fits(value: object, dtype: pa.DataType) -> bool:
+    """An integer value the integer column can hold (a wider one would match no row, and Arrow refuses it)."""
+    if not isinstance(value, int):
+        return False
+    bounds = np.iinfo(dtype.to_pandas_dtype())
+    return bool(bounds.min <= value <= bounds.max)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from imagenet_parquet.format import class_ids, read_label_map, stored_label_map
+from imagenet_parquet.format import IMAGE_INDEX_KEY, class_ids, read_label_map, stored_label_map
 from imagenet_parquet.overlay import OVERLAY_KEY, OverlayError, overlay_table, read_overlay, write_overlay
 from tasks.common import ARCHIVES, SPLITS, PipelineError
 from tasks.common.params import Project, validate_params
@@ -310,3 +310,30 @@ def test_the_repository_default_view_through_the_stage_command(sample, tmp_path,
         assert f"${{paths.reports}}/{views.NEAR_DUPLICATES_CSV}" in stage["deps"]
     if any(isinstance(v["classes"], str) and "/" in v["classes"] for v in doc["views"].values()):
         assert "curation" in stage["deps"]
+
+
+def test_shards_without_a_byte_index_other_class_names_and_a_label_name_condition(tmp_path):
+    """Shards written by others (no footer byte index: the sizes are the image column's lengths), classes named
+    `class 0`, ...: a view by curated label_name keeps exactly that class's rows."""
+    from tasks.common.params import ViewSpec
+    from tests.helpers.datasets import write_shards
+    from tests.helpers.overlays import write_test_overlay
+
+    parquet = tmp_path / "data" / "parquet"
+    write_shards(parquet, "train", classes=3, total=12, shards=2)
+    write_test_overlay(parquet)
+    assert not any(IMAGE_INDEX_KEY.encode() in (pq.read_metadata(f).metadata or {}) for f in parquet.rglob("*.parquet"))
+    lmap = read_label_map(parquet / "label_map.json")
+    spec = ViewSpec.model_validate({"classes": "all", "splits": ["train"],
+                                    "where": [{"column": "label_name", "in": ["class 1"]}]})
+    job = views.ViewsJob(parquet, tmp_path / "data" / "overlay", parquet / "label_map.json", tmp_path / "views",
+                         {"one": spec}, {"one": views.specs.ClassList(None, "test")}, None)
+    report = views.write_views(job)
+    meta, labels, keep = view_file(tmp_path / "views" / "one" / "train.parquet")
+    stored = pq.read_table(parquet / "train", columns=["label", "image"])
+    want = np.array(stored.column("label").to_pylist()) == 1
+    assert np.array_equal(keep, want) and np.array_equal(labels, stored.column("label").to_numpy())
+    assert meta["label_map"]["classes"] == lmap["classes"]  # classes: all keeps every class, in order
+    images = stored.column("image").combine_chunks().field("bytes").to_pylist()
+    kept_bytes = sum(len(b) for b, k in zip(images, want, strict=True) if k)
+    assert report["one"]["splits"]["train"]["image_bytes"] == kept_bytes

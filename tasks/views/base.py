@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imagenet_parquet.format import (
@@ -127,7 +128,7 @@ def _image_sizes(pf: pq.ParquetFile, meta: dict[bytes, bytes] | None, rows: int,
         raise PipelineError(str(err)) from None
     if index is not None:
         return index[:, 1].astype(np.int64)
-    lengths = pa.compute.binary_length(pf.read(columns=["image.bytes"]).column("image").combine_chunks().field(0))
+    lengths = pc.binary_length(pf.read(columns=["image.bytes"]).column("image").combine_chunks().field(0))
     sizes: np.ndarray = lengths.to_numpy(zero_copy_only=False).astype(np.int64)
     return sizes
 

@@ -35,7 +35,7 @@ GLOB = "*[02468].JPEG"  # train <wnid>_<n>.JPEG and val ILSVRC2012_val_<n>.JPEG 
 MIN_WIDTH = 400
 
 
-def setup(root: Path, views_section: dict[str, Any], **paths: str) -> Project:
+def setup(root: Path, views_section: dict[str, Any] | None, **paths: str) -> Project:
     """The repository's params at `root` (curation files under root/curation) with this `views:` section."""
     doc = repo_doc()
     doc["paths"] = {**doc["paths"], **paths}
@@ -166,6 +166,8 @@ def test_two_runs_are_byte_identical_and_a_removed_view_is_gone(sample, tmp_path
     views.write_views(dataclasses.replace(views.job_from_params(setup(root, {"five": spec})), views_dir=out))
     assert sorted(tree(out)) == ["five/train.parquet", "five/val.parquet", "views.json"]
     assert all(first[name] == data for name, data in tree(out).items() if name != "views.json")
+    views.write_views(dataclasses.replace(views.job_from_params(setup(root, None)), views_dir=out))  # `views:` empty
+    assert sorted(tree(out)) == ["views.json"] and json.loads(tree(out)["views.json"])["views"] == {}
     assert not [p for p in tmp_path.iterdir() if p.name != "views"]  # nothing written beside paths.views
 
 

@@ -478,7 +478,11 @@ class ViewSpec(Section):
         return value
 
 
-Views = dict[ViewName, ViewSpec]
+def _none_is_empty(value: Any) -> Any:
+    return {} if value is None else value  # `views:` with every entry commented out: no view
+
+
+Views = Annotated[dict[ViewName, ViewSpec], BeforeValidator(_none_is_empty)]
 VIEW_SPLITS: tuple[Literal["train", "val"], ...] = ("train", "val")  # a view's default splits (tasks.common.SPLITS)
 
 

@@ -142,6 +142,8 @@ def test_the_params_reference_is_what_the_models_generate():
 def _leaves(node: object, prefix: str = "") -> list[str]:
     if not isinstance(node, dict):
         return [prefix]
+    if prefix in params_doc.MAPPINGS:  # views.<name>...: one entry per name the user picks, described once
+        return [key for value in node.values() for key in _leaves(value, f"{prefix}.<name>")]
     return [key for name, value in node.items() for key in _leaves(value, f"{prefix}.{name}".lstrip("."))]
 
 

@@ -60,6 +60,7 @@ def test_the_checker_fails_on_a_cycle_a_cross_stage_import_and_an_import_back_up
         "tasks/extract/__init__.py": "",
         "tasks/validate/__init__.py": "",
         "tasks/deploy/__init__.py": "",
+        "tasks/views/__init__.py": "",
         "imagenet_parquet/__init__.py": "import flows.run\n",
     })
     shutil.copy2(config, tmp_path / "pyproject.toml")

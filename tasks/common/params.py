@@ -150,15 +150,19 @@ class PathsParams(Section):
     overlay: ProjectPath = Field(
         description="a directory: the curation overlay per split (curate); beside parquet, named overlay"
     )
+    views: ProjectPath = Field(
+        description="a directory: the named views, <name>/<split>.parquet (views); beside parquet, named views"
+    )
 
     @model_validator(mode="after")
     def _overlay_beside_parquet(self) -> PathsParams:
-        wanted = (Path(self.parquet).parent / "overlay").as_posix()
-        if Path(self.overlay).as_posix() != wanted:
-            raise ValueError(
-                f"overlay: expected {wanted} (readers find a split's overlay at <parquet>/../overlay/<split>.parquet), "
-                f"found {self.overlay}"
-            )
+        for key in ("overlay", "views"):  # readers find both beside the Parquet root
+            wanted = (Path(self.parquet).parent / key).as_posix()
+            if Path(getattr(self, key)).as_posix() != wanted:
+                raise ValueError(
+                    f"{key}: expected {wanted} (readers find a split's {key[:-1] if key == 'views' else key} at "
+                    f"<parquet>/../{key}/...), found {getattr(self, key)}"
+                )
         return self
 
 
@@ -390,6 +394,98 @@ class CurateParams(Section):
     )
 
 
+# ---------------------------------------------------------------- views: named subsets (a mapping name -> spec)
+VIEW_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+CLASS_SUBSETS = ("all", "imagenet100")  # views.<name>.classes by name: every class, the shipped ImageNet100 list
+Scalar = str | int | float
+
+
+def view_name(value: str) -> str:
+    """A view's name: its directory under paths.views and what readers select it by (`view="name"`)."""
+    if not re.fullmatch(VIEW_NAME_PATTERN, value):
+        raise ValueError(
+            f"expected a view name matching {VIEW_NAME_PATTERN[1:-1]} (lower-case letters, digits, - and _; at most "
+            f"64), found {value!r}; rename the view"
+        )
+    return value
+
+
+ViewName = Annotated[str, AfterValidator(view_name), JsonPattern(VIEW_NAME_PATTERN)]
+
+
+class ViewCondition(Section):
+    """One condition on a metadata column of the shards (views.<name>.where): every operator given must hold."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    column: Text = Field(
+        description="a metadata column the shards carry (path: the image name; label, wnid, label_name: the "
+        "curated class; width, height, source_format, transform, exif_orientation, sha256, phash)"
+    )
+    glob: Text | None = Field(default=None, description="a shell pattern the text value matches (* ? [..])")
+    min: int | float | None = Field(default=None, description="the smallest value kept (numeric columns)")
+    max: int | float | None = Field(default=None, description="the largest value kept (numeric columns)")
+    in_: list[Scalar] | None = Field(
+        default=None, alias="in", min_length=1, description="the values kept (a list of the column's values)"
+    )
+
+    @model_validator(mode="after")
+    def _one_test_at_least(self) -> ViewCondition:
+        if self.glob is None and self.min is None and self.max is None and self.in_ is None:
+            raise ValueError("expected at least one of glob, min, max, in beside column, found none")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"expected min <= max, found min {self.min} > max {self.max}")
+        return self
+
+
+class ViewSpec(Section):
+    """A named subset of the converted, curated dataset (views stage): rows selected, labels renumbered 0..K-1 in
+    the view's sorted class order; a small file per split, never a shard."""
+
+    classes: Text | Annotated[list[Text], Field(min_length=1)] = Field(
+        description="all | imagenet100 | a file under curation/ with one class id per line | a list of class ids"
+    )
+    where: list[ViewCondition] = Field(
+        default_factory=list, description="conditions on the shards' metadata columns, all must hold (default none)"
+    )
+    near_duplicates: Literal["keep", "drop"] = Field(
+        default="keep",
+        description="drop: leave out the images validate lists in <paths.reports>/near_duplicates_exclude.csv",
+    )
+    splits: Annotated[list[Literal["train", "val"]], Field(min_length=1)] = Field(
+        default_factory=lambda: list(VIEW_SPLITS), description="the splits the view has (default [train, val])"
+    )
+
+    @field_validator("classes")
+    @classmethod
+    def _class_source(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list):
+            repeated = sorted({name for name in value if value.count(name) > 1})
+            if repeated:
+                raise ValueError(f"expected each class once, found {repeated[0]!r} repeated")
+        elif value not in CLASS_SUBSETS and not re.fullmatch(CURATION_PATTERN, value):
+            raise ValueError(
+                f"expected {' | '.join(CLASS_SUBSETS)} | a file under {CURATION_DIR}/ (tracked: an edit reruns the "
+                f"views stage) | a list of class ids, found {value!r}"
+            )
+        return value
+
+    @field_validator("splits")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"expected each split once, found {value}")
+        return value
+
+
+def _none_is_empty(value: Any) -> Any:
+    return {} if value is None else value  # `views:` with every entry commented out: no view
+
+
+Views = Annotated[dict[ViewName, ViewSpec], BeforeValidator(_none_is_empty)]
+VIEW_SPLITS: tuple[Literal["train", "val"], ...] = ("train", "val")  # a view's default splits (tasks.common.SPLITS)
+
+
 # ---------------------------------------------------------------- the whole file
 class Params(BaseModel):
     """The whole params.yaml."""
@@ -404,6 +500,7 @@ class Params(BaseModel):
     convert: ConvertParams
     validation: ValidateParams = Field(alias="validate")  # `validate` is a BaseModel method name
     curate: CurateParams
+    views: Views
 
     @model_validator(mode="after")
     def _one_archive_mode(self) -> Params:
@@ -439,6 +536,7 @@ STAGE_SECTIONS = {
     "convert": ("convert",),
     "curate": ("curate",),
     "validate": ("validate",),
+    "views": ("views",),
 }
 SECTIONS: dict[str, type[Section]] = {
     "paths": PathsParams,
@@ -451,6 +549,9 @@ SECTIONS: dict[str, type[Section]] = {
     "curate": CurateParams,
 }
 NESTED: dict[str, type[Section]] = {"extract.holdout": HoldoutParams}  # mappings inside a section
+# Sections that are a mapping of names the user picks to one model each (views.<name>); inside it, list items.
+MAPPINGS: dict[str, type[Section]] = {"views": ViewSpec}
+MAPPING_ITEMS: dict[str, type[Section]] = {"views.where": ViewCondition}
 
 
 def output_keys(section: str) -> list[str]:
@@ -468,7 +569,7 @@ def dvc_params(stage: str) -> list[str]:
     """What dvc.yaml lists as `params:` for `stage`: a whole section, or its output keys when some are speed-only."""
     listed: list[str] = []
     for section in STAGE_SECTIONS[stage]:
-        if "." in section:  # one key of another section
+        if "." in section or section in MAPPINGS:  # one key of another section; a mapping section, whole
             listed.append(section)
             continue
         keys = output_keys(section)
@@ -512,6 +613,9 @@ def describe(schema: dict[str, Any]) -> str:
 
 def _owner(loc: list[str]) -> tuple[type[BaseModel] | None, str]:
     """The model holding the key an error is about, and that key (`extract.holdout.fraction`: HoldoutParams)."""
+    if loc[0] in MAPPINGS:  # views.<name>.<key>, views.<name>.where.<i>.<key>
+        item = MAPPING_ITEMS.get(f"{loc[0]}.{loc[2]}") if len(loc) > 4 else None
+        return (item, loc[4]) if item else (MAPPINGS[loc[0]], loc[2] if len(loc) > 2 else "")
     nested = NESTED.get(".".join(loc[:2]))
     if nested is not None and len(loc) > 2:
         return nested, loc[2]
@@ -520,9 +624,10 @@ def _owner(loc: list[str]) -> tuple[type[BaseModel] | None, str]:
 
 def _expected(model: type[BaseModel] | None, key: str) -> str:
     """A key's description when it is free text or a mapping (what it may hold), else what its type accepts."""
-    if model is None or key not in model.model_fields:
+    properties = model.model_json_schema()["properties"] if model is not None else {}
+    if key not in properties:  # (a field's alias: `in`)
         return "a value"
-    schema = model.model_json_schema()["properties"][key]
+    schema = properties[key]
     options = [option.get("type", "object" if "$ref" in option else None) for option in schema.get("anyOf", [schema])]
     if "description" in schema and {"string", "array", "object"} & set(options) and "enum" not in schema:
         description: str = schema["description"]
@@ -530,14 +635,26 @@ def _expected(model: type[BaseModel] | None, key: str) -> str:
     return describe(schema)
 
 
+def _known(model: type[BaseModel] | None) -> list[str]:
+    """The keys a model takes, as params.yaml spells them (aliases: `in`)."""
+    fields = (model or Section).model_fields
+    return [info.alias or name for name, info in fields.items()]
+
+
+# A union's member, as pydantic adds it to an error's location (`classes.list[constrained-str]`): not a key.
+UNION_TAG = re.compile(r"^(constrained-)?(str|int|float|bool|list\[.*\]|dict\[.*\])$")
+
+
 def _problem(error: Any) -> str:
-    loc = [str(p) for p in error["loc"]]
+    loc = [str(p) for p in error["loc"] if not UNION_TAG.match(str(p))]
     where = ".".join(loc)
     kind, found = error["type"], error.get("input")
     if not loc:  # a rule across sections (Params): its message names the key
         return str(error["msg"]).removeprefix("Value error, ")
+    if loc[0] in MAPPINGS and loc[-1] == "[key]":  # a name the user picked, refused
+        return f"{'.'.join(loc[:-1])}: {str(error['msg']).removeprefix('Value error, ')}"
     if kind == "extra_forbidden":
-        known = list(SECTIONS) if len(loc) == 1 else list((_owner(loc[:-1] + ["", ""])[0] or Section).model_fields)
+        known = [*SECTIONS, *MAPPINGS] if len(loc) == 1 else _known(_owner(loc[:-1] + ["", ""])[0])
         close = difflib.get_close_matches(loc[-1], known, n=1)
         return f"{where}: unknown key" + (f" (did you mean {close[0]}?)" if close else f" (expected one of {known})")
     if kind == "missing":

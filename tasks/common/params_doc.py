@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tasks.common.params import NESTED, SECTIONS, describe, output_keys
+from tasks.common.params import MAPPING_ITEMS, MAPPINGS, NESTED, SECTIONS, describe, output_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = Path("docs/params.md")
@@ -41,14 +41,26 @@ def model_keys(prefix: str, model: type[BaseModel]) -> Iterator[tuple[str, type[
             yield from model_keys(key, nested)
 
 
+def mapping_keys(section: str, model: type[BaseModel]) -> Iterator[tuple[str, type[BaseModel], str]]:
+    """The keys of one entry of a mapping section (`views.<name>.classes`), its list items' keys after their list
+    (`views.<name>.where[].column`); a field by the name params.yaml spells it (`in`)."""
+    for name, info in model.model_fields.items():
+        yield f"{section}.<name>.{info.alias or name}", model, name
+        item = MAPPING_ITEMS.get(f"{section}.{name}")
+        if item is not None:
+            for sub, sub_info in item.model_fields.items():
+                yield f"{section}.<name>.{name}[].{sub_info.alias or sub}", item, sub
+
+
 def all_keys() -> list[tuple[str, type[BaseModel], str]]:
-    return [row for section, model in SECTIONS.items() for row in model_keys(section, model)]
+    fixed = [row for section, model in SECTIONS.items() for row in model_keys(section, model)]
+    return fixed + [row for section, model in MAPPINGS.items() for row in mapping_keys(section, model)]
 
 
 def accepts(model: type[BaseModel], name: str) -> str:
     """What the key takes, in the words params errors use (`an integer in [1, 100]`, `one of hashed, class`)."""
     schema = model.model_json_schema()
-    field = schema["properties"][name]
+    field = schema["properties"][model.model_fields[name].alias or name]
     options = [_deref(option, schema) for option in field.get("anyOf", [field])]
     if any(option.get("type") == "object" for option in options):
         return " or ".join("a mapping" if o.get("type") == "object" else describe(o) for o in options)
@@ -62,6 +74,8 @@ def _deref(option: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 
 def value_at(doc: dict[str, Any], key: str) -> tuple[bool, Any]:
     """(found, value) of a dotted key in the parsed params.yaml; not found under a null mapping."""
+    if "<name>" in key:  # one value per entry of a mapping section
+        return False, "per entry"
     node: Any = doc
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -71,6 +85,8 @@ def value_at(doc: dict[str, Any], key: str) -> tuple[bool, Any]:
 
 
 def shown(found: bool, value: Any) -> str:
+    if not found and value == "per entry":
+        return "(per entry: see params.yaml)"
     if not found:
         return "(inside a null mapping)"
     if value is None or isinstance(value, bool):

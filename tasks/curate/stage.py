@@ -16,13 +16,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from imagenet_parquet.format import class_ids, read_label_map
+from imagenet_parquet.format import FormatError, class_ids, read_label_map
 from imagenet_parquet.overlay import footer_digest, footer_tail, overlay_table, write_overlay
 from tasks.common import SPLITS, PipelineError, atomic_path, write_json
+from tasks.common.generations import (
+    REMOVED,
+    REPLACED,
+    ShardClasses,
+    by_class,
+    current_labels,
+    in_source,
+    newest_rows,
+    row_ids,
+    shard_classes,
+)
 from tasks.common.layout import CURATION_REPORT, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
 from tasks.common.params import CURATION_DIR, Project, path_key
@@ -43,11 +55,31 @@ class CurateJob:
 
 @dataclass
 class SplitRows:
-    """A split's shards as converted: [(name, rows, footer sha256)], every row's image name and label."""
+    """A split's shards as converted: [(name, rows, footer sha256)], every row's image name and label (as stored,
+    in its own shard's label map), its class id, generation, and whether the shard's label map is the current one
+    (`same_map`; tasks/common/generations.py)."""
 
     shards: list[tuple[str, int, str]]
     names: pa.Array
     labels: np.ndarray
+    ids: np.ndarray
+    generations: np.ndarray
+    same_map: bool = True
+
+
+@dataclass
+class SourceRows:
+    """A split's rows against the current source: the label now (current label map, by class id; -1: a class it
+    no longer has), the newest row of each identity, and the identities the current manifest lists."""
+
+    current: np.ndarray
+    newest: np.ndarray
+    listed: np.ndarray
+
+    @property
+    def kept(self) -> np.ndarray:
+        kept: np.ndarray = self.newest & self.listed
+        return kept
 
 
 def job_from_params(project: Project) -> CurateJob:
@@ -76,44 +108,83 @@ def _tracked(project: Project, key: str, value: str | None) -> Path | None:
     return path
 
 
-def read_split(parquet: Path, split: str) -> SplitRows:
-    """The shards of `split` in name order (as readers sort them): footer digest, names and labels of every row."""
+def read_split(parquet: Path, split: str, label_map: dict[str, Any] | None = None) -> SplitRows:
+    """The shards of `split` in name order (as readers sort them): footer digest, names, labels, class ids and
+    generation of every row; `label_map`: the current one (`same_map` says whether every shard has it)."""
     files = sorted((parquet / split).glob("*.parquet"))
     if not files:
         raise PipelineError(
             f"{parquet / split}: expected the {split} shards written by the convert stage, found none; run "
             "`dvc repro convert`"
         )
-    shards, names, labels = [], [], []
+    shards, names, labels, ids, generations, same = [], [], [], [], [], True
     for path in files:
         file = pq.ParquetFile(path)
         table = file.read(columns=["image.path", "label"], use_threads=False)
         shards.append((path.name, file.metadata.num_rows, footer_digest(footer_tail(path))))
         names.append(table.column("image").combine_chunks().field("path"))
-        labels.append(table.column("label").to_numpy())
-    return SplitRows(shards, pa.concat_arrays(names), np.concatenate(labels).astype(np.int64))
+        stored = table.column("label").to_numpy().astype(np.int64)
+        labels.append(stored)
+        own = _shard_classes(path, file.schema_arrow.metadata)
+        same = same and (label_map is None or own.label_map == label_map)
+        ids.append(row_ids(stored, own.ids))
+        generations.append(np.full(len(stored), own.generation, dtype=np.int64))
+    return SplitRows(
+        shards,
+        pa.concat_arrays(names),
+        np.concatenate(labels),
+        np.concatenate(ids),
+        np.concatenate(generations),
+        same,
+    )
 
 
-def _positions(rows: SplitRows, ids: list[str], lines: list[Line]) -> dict[tuple[str, str], int]:
-    """(class, name) -> global row, for the rows whose name a line names only (no Python object per row)."""
+def _shard_classes(path: Path, meta: dict[bytes, bytes] | None) -> ShardClasses:
+    try:
+        return shard_classes(meta, path)
+    except FormatError as err:
+        raise PipelineError(
+            f"{err} (the curate stage reads each shard's own label map); run `dvc repro convert`"
+        ) from None
+
+
+def source_rows(rows: SplitRows, current: list[str], manifests: Path, split: str) -> SourceRows:
+    """`rows` against the current label map (class ids `current`) and the current manifest of `split`."""
+    labels = current_labels(rows.ids, current)
+    names = np.asarray(rows.names.to_numpy(zero_copy_only=False), dtype=object)
+    newest = newest_rows(rows.ids, names, rows.generations)
+    path = manifest_path(manifests, split)
+    if not path.is_file():
+        raise PipelineError(
+            f"{path}: expected the {split} manifest written by the extract stage (the images the source holds now), "
+            "found no file; run `dvc repro extract`"
+        )
+    manifest = pq.read_table(path, columns=["wnid", "name"]).to_pandas()
+    return SourceRows(labels, newest, in_source(rows.ids, names, manifest))
+
+
+def _positions(rows: SplitRows, newest: np.ndarray, lines: list[Line]) -> dict[tuple[str, str], int]:
+    """(class, name) -> global row of the newest row of that identity, for the rows whose name a line names only
+    (no Python object per row)."""
     wanted = pa.array(sorted({line.name for line in lines}), pa.string())
-    found = np.flatnonzero(pc.is_in(rows.names, value_set=wanted).to_numpy(zero_copy_only=False))
-    names = rows.names.take(pa.array(found)).to_pylist()
-    return {(ids[int(rows.labels[i])], name): int(i) for i, name in zip(found, names, strict=True)}
+    found = np.flatnonzero(pc.is_in(rows.names, value_set=wanted).to_numpy(zero_copy_only=False) & newest)
+    names = rows.names.take(pa.array(found, pa.int64())).to_pylist()
+    return {(str(rows.ids[i]), name): int(i) for i, name in zip(found, names, strict=True)}
 
 
 def apply_lines(
-    split: str, rows: SplitRows, ids: list[str], curation: Curation, manifests: Path
+    split: str, rows: SplitRows, source: SourceRows, ids: list[str], curation: Curation, manifests: Path
 ) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """(labels, keep) of every row of `split` with its lines applied, and the lines whose image convert
-    quarantined (in the manifest, not in the shards: nothing to apply). A line naming no image fails."""
+    """(labels, keep) of every row of `split` — labels in the current map (`ids`), rows replaced or removed from
+    the source not kept — with its lines applied to the newest row of each identity they name, and the lines whose
+    image convert quarantined (in the manifest, not in the shards: nothing to apply). A line naming no image fails."""
     exclude = [line for line in curation.exclude if line.split == split]
     relabel = [line for line in curation.relabel if line.split == split]
     index = _class_index(ids, exclude + relabel)
-    position = _positions(rows, ids, exclude + relabel)
+    position = _positions(rows, source.newest, exclude + relabel)
     missing = [line for line in exclude + relabel if (line.wnid, line.name) not in position]
     quarantined = _quarantined(manifests, split, missing)
-    labels, keep = rows.labels.copy(), np.ones(len(rows.labels), dtype=bool)
+    labels, keep = source.current.copy(), source.kept.copy()
     for line in relabel:
         if (line.wnid, line.name) in position:
             labels[position[line.wnid, line.name]] = index[str(line.new_wnid)]
@@ -154,26 +225,76 @@ def _quarantined(manifests: Path, split: str, missing: list[Line]) -> list[dict[
 def write_overlays(job: CurateJob) -> dict[str, Any]:
     """Every split's overlay and curation.json, published as one directory (a kill -9 mid-write leaves the previous
     overlay whole, or none); returns the report (curation.json's content)."""
-    ids = class_ids(read_label_map(job.label_map))
+    label_map = read_label_map(job.label_map)
+    ids = class_ids(label_map)
     held = "holdout" in _extract_report(job.manifests)
     found: dict[str, dict[str, set[str]]] = {"before": {}, "after": {}}
-    overlays, quarantined = {}, []
+    overlays, quarantined, sources = {}, [], {}
     for split in SPLITS:
-        rows = read_split(job.parquet, split)
-        labels, keep, missing = apply_lines(split, rows, ids, job.curation, job.manifests)
-        found["before"][split] = {ids[i] for i in np.unique(rows.labels)}
-        found["after"][split] = {ids[i] for i in np.unique(labels[keep])}
-        edits = {"relabelled": int((labels != rows.labels).sum()), "excluded": int((~keep).sum())}
-        overlays[split] = overlay_table(split, rows.shards, labels, keep, edits)
+        overlays[split], missing, sources[split] = split_overlay(job, split, label_map, found)
         quarantined += missing
     curation_lines.check_classes(job.curation, found, ids, held)
     report = _report(job.curation, quarantined)
+    if any(sources.values()):  # appended or removed rows: what the source changed, by reason and class
+        report["source"] = {split: sources[split] or source_counts(None) for split in SPLITS}
     with atomic_path(job.overlay, path_key("overlay")) as tmp:  # published whole: a kill never mixes two versions
         tmp.mkdir()
         for split, table in overlays.items():
             write_overlay(table, tmp / f"{split}.parquet")
         write_json(tmp / CURATION_REPORT, report)
     return report
+
+
+def split_overlay(
+    job: CurateJob, split: str, label_map: dict[str, Any], found: dict[str, dict[str, set[str]]]
+) -> tuple[pa.Table, list[dict[str, Any]], dict[str, Any] | None]:
+    """The overlay of `split` (format 1 when its shards are one generation with the current label map and the
+    source removed nothing: today's bytes; else format 2 with `label_map`), the lines naming quarantined images,
+    and (format 2) the rows the source removed, replaced and appended (`source_counts`). Fills `found` with the
+    classes before and after the lines."""
+    ids = class_ids(label_map)
+    rows = read_split(job.parquet, split, label_map)
+    source = source_rows(rows, ids, job.manifests, split)
+    labels, keep, missing = apply_lines(split, rows, source, ids, job.curation, job.manifests)
+    _check_kept(job, split, rows, labels, keep)
+    found["before"][split] = {str(x) for x in pd.unique(rows.ids[source.kept])}
+    found["after"][split] = {ids[i] for i in np.unique(labels[keep])}
+    edits = {"relabelled": int((labels != source.current).sum()), "excluded": int((~keep).sum())}
+    if not rows.generations.any() and rows.same_map and source.kept.all():
+        return overlay_table(split, rows.shards, labels, keep, edits), missing, None
+    counts = source_counts((rows, source, keep))
+    extra = {**edits, **{key: counts[reason]["rows"] for key, reason in SOURCE_KEYS.items()}}
+    return overlay_table(split, rows.shards, labels, keep, extra, label_map=label_map), missing, counts
+
+
+SOURCE_KEYS = {"removed": REMOVED, "replaced": REPLACED, "appended": "appended"}  # overlay metadata -> reason
+
+
+def source_counts(state: tuple[SplitRows, SourceRows, np.ndarray] | None) -> dict[str, Any]:
+    """Rows removed from the source, replaced by a newer version and appended (generation >= 1, kept), each by
+    class id; `state` None: none of them."""
+    if state is None:
+        return {reason: {"rows": 0, "by_class": {}} for reason in SOURCE_KEYS.values()}
+    rows, source, keep = state
+    masks = {
+        REMOVED: source.newest & ~source.listed,
+        REPLACED: ~source.newest,
+        "appended": keep & (rows.generations > 0),
+    }
+    return {reason: {"rows": int(mask.sum()), "by_class": by_class(rows.ids, mask)} for reason, mask in masks.items()}
+
+
+def _check_kept(job: CurateJob, split: str, rows: SplitRows, labels: np.ndarray, keep: np.ndarray) -> None:
+    """A kept row has a class of the current label map (else the manifest lists an image of a class label_map.json
+    does not have: extract's outputs disagree)."""
+    bad = np.flatnonzero(keep & (labels < 0))
+    if len(bad):
+        first = int(bad[0])
+        raise PipelineError(
+            f"{job.label_map}: expected every class of the {split} manifest, found no class {rows.ids[first]!r} "
+            f"(of {rows.names[first].as_py()!r}, listed in {manifest_path(job.manifests, split)}); run `dvc repro "
+            "extract` (or `dvc pull` data/manifests and data/label_map.json of one version together)"
+        )
 
 
 def _report(curation: Curation, quarantined: list[dict[str, Any]]) -> dict[str, Any]:

@@ -189,3 +189,15 @@ def read_overlay_meta(data: bytes) -> dict[str, Any]:
 
     from imagenet_parquet.overlay import OVERLAY_KEY
     return json.loads(pq.read_metadata(io.BytesIO(data)).metadata[OVERLAY_KEY])
+
+
+def _validate(job: stage.CurateJob, **params: Any) -> dict[str, Any]:
+    bounds = {"train_count": [1, 10], "val_count": [1, 10], **params}
+    return run_validation(job.parquet, job.manifests, job.label_map, validate_section(**bounds), job.overlay)
+
+
+def test_validate_checks_the_merged_view_of_old_and_new_rows(appended, tmp_path):
+    job, _ = _curate(appended, tmp_path)
+    report = _validate(job)
+    failed = {c["name"]: c["message"] for c in report["checks"] if c["status"] != "pass"}
+    assert failed == {}, failed

@@ -34,22 +34,35 @@ def _digest(values: Any) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def label_map_digest(label_map: dict[str, Any]) -> str:
+    """The version index's digest of a label map (its classes: label, wnid, name)."""
+    return _digest([[c["label"], c["wnid"], c.get("name")] for c in label_map["classes"]])
+
+
 def version_index(
-    stored: pd.DataFrame, merged: pd.DataFrame, label_map: dict[str, Any], curation: dict[str, Any]
+    stored: pd.DataFrame,
+    merged: pd.DataFrame,
+    label_map: dict[str, Any],
+    curation: dict[str, Any],
+    shard_maps: dict[tuple[str, str], str] | None = None,
 ) -> dict[str, Any]:
     """The index of this version (deterministic: sorted, no timestamps): classes of the `merged` view (the rows
-    kept, labels now), shards of the rows `stored`, curation lines of curation.json."""
-    labels = _digest([[c["label"], c["wnid"], c.get("name")] for c in label_map["classes"]])
+    kept, labels now), shards of the rows `stored` (labels as stored: column `label_stored` where present),
+    curation lines of curation.json. `shard_maps` (appended shards): (split, shard) -> the digest of the shard's
+    own label map, which its digest covers instead of label_map.json's (a new class rewrites no old shard)."""
+    labels = label_map_digest(label_map)
     index: dict[str, Any] = {"label_map": labels, "classes": {}, "shards": {}}
+    label_column = "label_stored" if "label_stored" in stored else "label"
     for split in SPLITS:
         rows, kept = stored[stored["split"] == split], merged[merged["split"] == split]
         images = _grouped(kept["wnid"], kept["image_path"], kept["sha256"])
         index["classes"][split] = {
             wnid: {"count": len(group), "digest": _digest(sorted(group))} for wnid, group in images.items()
         }
-        shards = _grouped(rows["shard"], rows["image_path"], rows["label"], rows["sha256"])
+        shards = _grouped(rows["shard"], rows["image_path"], rows[label_column], rows["sha256"])
         index["shards"][split] = {
-            shard: _digest([labels, [list(row) for row in group]]) for shard, group in shards.items()
+            shard: _digest([(shard_maps or {}).get((split, shard), labels), [list(row) for row in group]])
+            for shard, group in shards.items()
         }
     index["curated"] = curated_lines(curation)
     return index

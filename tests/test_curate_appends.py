@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from imagenet_parquet.format import class_ids, label_map_from_metadata, own_metadata, shard_generation, shard_schema
-from imagenet_parquet.overlay import read_overlay
+from imagenet_parquet.overlay import overlay_table, read_overlay, write_overlay
 from tasks.common import SPLITS
 from tasks.common.generations import REMOVED, REPLACED
 from tasks.common.shard_writer import write_shard
@@ -104,6 +104,7 @@ def appended(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                           read_curation(None, None))
     stage.write_overlays(job)
     before = {p.name: p.read_bytes() for p in sorted((data / "overlay").iterdir())}
+    shutil.copytree(data, root / "gen0")  # the version before the change, for "what changed"
     _write(tree, ADDED, seed + 100)
     (tree / "/".join(REMOVED_IMAGE)).unlink()
     (tree / "/".join(MODIFIED_IMAGE)).write_bytes(small_jpeg(999) + b"\0" * 7)  # new bytes, another size
@@ -196,8 +197,61 @@ def _validate(job: stage.CurateJob, **params: Any) -> dict[str, Any]:
     return run_validation(job.parquet, job.manifests, job.label_map, validate_section(**bounds), job.overlay)
 
 
-def test_validate_checks_the_merged_view_of_old_and_new_rows(appended, tmp_path):
+def _failed(report: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["message"] for c in report["checks"] if c["status"] != "pass"}
+
+
+def test_validate_checks_the_merged_view_and_counts_what_changed(appended, tmp_path):
+    gen0 = appended["root"] / "gen0"
+    first = _validate(stage.CurateJob(gen0 / "parquet", gen0 / "manifests", gen0 / "label_map.json",
+                                      gen0 / "overlay", read_curation(None, None)))
+    assert _failed(first) == {}
+    (tmp_path / "versions").mkdir()
+    changes.record_version(tmp_path / "versions", first["version"])
     job, _ = _curate(appended, tmp_path)
     report = _validate(job)
-    failed = {c["name"]: c["message"] for c in report["checks"] if c["status"] != "pass"}
-    assert failed == {}, failed
+    assert _failed(report) == {}  # schema, pandera, manifests, classes, leakage, near-duplicates over both maps
+    train = report["splits"]["train"]
+    assert {k: train[k] for k in ("rows", "images", "removed", "replaced", "appended", "relabelled")} == {
+        "rows": 11, "images": 9, "removed": 1, "replaced": 1, "appended": 4, "relabelled": 1}
+    assert {row["wnid"]: row["train"] for row in report["classes"]} == {"ant": 2, "cat": 3, "dog": 3, "fox": 1}
+    found = changes.record_version(tmp_path / "versions", report["version"])
+    metrics = json.loads((tmp_path / "versions" / changes.CHANGES_FILE).read_text(encoding="utf-8"))
+    assert metrics["new_classes"] == 1 and found["new_classes"] == ["ant"]
+    assert {k: metrics["train"][k] for k in ("images_appended", "images_removed_from_source", "images_replaced",
+                                             "images_relabelled", "shards_added", "shards_rewritten")} == {
+        "images_appended": 4, "images_removed_from_source": 1, "images_replaced": 1, "images_relabelled": 1,
+        "shards_added": 1, "shards_rewritten": 0}
+    assert metrics["val"]["images_appended"] == 1 and metrics["val"]["shards_rewritten"] == 0
+
+
+def test_an_overlay_that_keeps_a_removed_row_or_gives_old_labels_fails_naming_it(appended, tmp_path):
+    job, _ = _curate(appended, tmp_path)
+    meta, table = read_overlay(job.overlay / "train.parquet")
+    keep = np.ones(len(table), dtype=bool)
+    labels = np.maximum(table.column("label").to_numpy(), 0)
+    shards = [tuple(s) for s in meta["shards"]]
+    write_overlay(overlay_table("train", shards, labels, keep, {}, label_map=meta["label_map"]),
+                  job.overlay / "train.parquet")
+    assert "removed from the source or replaced" in _failed(_validate(job))["overlay_matches_shards"]
+    write_overlay(overlay_table("train", shards, labels, keep, {}), job.overlay / "train.parquet")
+    assert "expected a format-2 overlay" in _failed(_validate(job))["overlay_matches_shards"]
+
+
+def test_compaction_folds_the_overlay_into_shards_with_the_current_label_map(appended, tmp_path):
+    job, _ = _curate(appended, tmp_path)
+    out = tmp_path / "compacted"
+    report = compaction.compact(compaction.CompactJob(tmp_path, job.parquet, job.overlay, out))
+    label_map = json.loads(job.label_map.read_text(encoding="utf-8"))
+    for split in SPLITS:
+        expected = [(n, lab) for n, lab, k, _ in _kept(job, split)[1] if k]
+        rows = []
+        for path in sorted((out / split).glob("*.parquet")):
+            file = pq.ParquetFile(path)
+            assert label_map_from_metadata(file.schema_arrow.metadata, path) == label_map
+            assert shard_generation(file.schema_arrow.metadata) == 0
+            rows += file.read(columns=["image", "label", "wnid", "label_name"]).to_pylist()
+        assert [(r["image"]["path"], r["label"]) for r in rows] == expected
+        names = {c["label"]: (c["wnid"], c["name"]) for c in label_map["classes"]}
+        assert all((r["wnid"], r["label_name"]) == names[r["label"]] for r in rows)
+        assert report["splits"][split]["rows"] == len(expected)

@@ -149,16 +149,14 @@ def _shard_classes(path: Path, meta: dict[bytes, bytes] | None) -> ShardClasses:
 
 
 def source_rows(rows: SplitRows, current: list[str], manifests: Path, split: str) -> SourceRows:
-    """`rows` against the current label map (class ids `current`) and the current manifest of `split`."""
+    """`rows` against the current label map (class ids `current`) and the current manifest of `split` (none:
+    every row is taken as listed)."""
     labels = current_labels(rows.ids, current)
     names = np.asarray(rows.names.to_numpy(zero_copy_only=False), dtype=object)
     newest = newest_rows(rows.ids, names, rows.generations)
     path = manifest_path(manifests, split)
-    if not path.is_file():
-        raise PipelineError(
-            f"{path}: expected the {split} manifest written by the extract stage (the images the source holds now), "
-            "found no file; run `dvc repro extract`"
-        )
+    if not path.is_file():  # shards curated without their manifests (copied elsewhere): nothing counts as removed
+        return SourceRows(labels, newest, np.ones(len(labels), dtype=bool))
     manifest = pq.read_table(path, columns=["wnid", "name"]).to_pandas()
     return SourceRows(labels, newest, in_source(rows.ids, names, manifest))
 

@@ -148,6 +148,18 @@ def _check_sources(path: Path, split: str, overlay: Overlay, label_map: dict[str
         )
 
 
+def overlay_formats(overlay_dir: Path) -> dict[str, Any]:
+    """Each split's overlay format (its footer only; None when unreadable: load_overlay then names the problem)."""
+    found = {}
+    for split in SPLITS:
+        try:
+            meta = json.loads((pq.read_metadata(overlay_file(overlay_dir, split)).metadata or {})[OVERLAY_KEY])
+            found[split] = meta.get("format") if isinstance(meta, dict) else None
+        except (OSError, KeyError, ValueError, TypeError):
+            found[split] = None
+    return found
+
+
 def _listed(path: Path) -> list[str]:
     """The shard names the overlay's footer lists (read_overlay checks the rest); [] when unreadable."""
     try:

@@ -36,9 +36,11 @@ class Sources:
         return {(s.split, s.path.name): label_map_digest(c.label_map) for s, c in zip(plan, self.shards, strict=True)}
 
 
-def shard_sources(plan: list[Shard], label_map: dict[str, Any]) -> Sources:
+def shard_sources(plan: list[Shard], label_map: dict[str, Any], label_maps_overlay: bool) -> Sources:
     """Every shard's generation and own label map; a shard whose label map cannot be read is taken as having
-    label_map.json's (the schema_metadata check names it)."""
+    label_map.json's (the schema_metadata check names it). `label_maps_overlay`: some split's overlay is format 2
+    (it gives the labels in label_map.json's numbering): only then may shards carry other label maps (`mixed`);
+    else a shard with another one fails schema_metadata, as it always did."""
     shards = []
     for shard in plan:
         meta = shard.footer.schema.to_arrow_schema().metadata
@@ -46,7 +48,7 @@ def shard_sources(plan: list[Shard], label_map: dict[str, Any]) -> Sources:
             shards.append(shard_classes(meta, shard.path))
         except (FormatError, ValueError, KeyError, TypeError):
             shards.append(ShardClasses(shard_generation(meta), label_map, class_ids(label_map)))
-    mixed = any(s.generation or s.label_map != label_map for s in shards)
+    mixed = any(s.generation or (label_maps_overlay and s.label_map != label_map) for s in shards)
     return Sources(shards, mixed)
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from imagenet_parquet.format import COLUMNS, class_ids, read_label_map
-from imagenet_parquet.overlay import OVERLAY_DIR
+from imagenet_parquet.overlay import LABEL_MAP_FORMAT, OVERLAY_DIR
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
@@ -32,7 +32,7 @@ from tasks.validate.dataset_checks import (
     manifest_check,
     manifest_label_check,
 )
-from tasks.validate.merged import View, apply_overlays, merged_frame, require_overlays
+from tasks.validate.merged import View, apply_overlays, merged_frame, overlay_formats, require_overlays
 from tasks.validate.near_dup import near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
 from tasks.validate.scan import (
@@ -113,7 +113,8 @@ def run_validation(
     manifests = load_manifests(manifests_dir)
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     meta, plan = read_metadata(list_shards(parquet_dir))
-    sources = shard_sources(plan, label_map)  # appended shards, other label maps: tasks/validate/sources.py
+    formats = overlay_formats(overlays)
+    sources = shard_sources(plan, label_map, LABEL_MAP_FORMAT in formats.values())  # tasks/validate/sources.py
     limit = params.report_examples
     files = [(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan]
     own = [c.label_map for c in sources.shards] if sources.mixed else None

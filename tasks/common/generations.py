@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from imagenet_parquet.format import class_ids, label_map_from_metadata, shard_generation
 
@@ -35,39 +36,44 @@ def shard_classes(meta: dict[bytes, bytes] | None, where: Any) -> ShardClasses:
     return ShardClasses(shard_generation(meta), label_map, class_ids(label_map))
 
 
-def row_ids(labels: np.ndarray, ids: list[str]) -> np.ndarray:
-    """The class id of every row (object array) from its stored `labels` and its shard's class ids."""
-    table = np.asarray(ids, dtype=object)
-    return table[np.asarray(labels, dtype=np.int64)] if len(table) else np.full(len(labels), None, dtype=object)
+def identity_keys(ids: pa.Array, names: pa.Array) -> pa.Array:
+    """Every row's identity as one Arrow string, `<class id>\\0<name>` (Arrow memory: no Python object per row)."""
+    return pc.binary_join_element_wise(ids.cast(pa.string()), names.cast(pa.string()), "\0")
 
 
-def current_labels(ids: np.ndarray, current: list[str]) -> np.ndarray:
-    """Each row's label in the current label map, by class id (`current`: its class ids by label); -1 for a class
-    the current map does not have."""
-    index = pd.Index(current)
-    return np.asarray(index.get_indexer(pd.Index(ids, dtype=object)), dtype=np.int64)
+def coded_ids(codes: np.ndarray, vocab: list[str]) -> pa.Array:
+    """The class id of every row as an Arrow string array, from its code into `vocab`."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int64()), pa.array(vocab, pa.string())).dictionary_decode()
 
 
-def newest_rows(ids: np.ndarray, names: np.ndarray, generations: np.ndarray) -> np.ndarray:
-    """True for every row that is the newest of its identity (class id, name): the highest generation, and of equal
-    generations the last row in shard order; all True when every row is of one generation."""
-    if len(generations) == 0 or generations.min() == generations.max():
-        return np.ones(len(generations), dtype=bool)
-    order = np.lexsort((-np.arange(len(generations)), -np.asarray(generations)))  # newest first
-    frame = pd.DataFrame({"id": ids[order], "name": names[order]})
-    newest = np.empty(len(order), dtype=bool)
-    newest[order] = ~frame.duplicated(keep="first").to_numpy()
+def current_lookup(vocab: list[str], current: list[str]) -> np.ndarray:
+    """Per class id of `vocab` its label in the current label map (`current`: its class ids by label); -1 for a
+    class it does not have."""
+    index = {name: label for label, name in enumerate(current)}
+    return np.asarray([index.get(name, -1) for name in vocab], dtype=np.int64)
+
+
+def newest_rows(keys: pa.Array, generations: np.ndarray) -> np.ndarray | None:
+    """True for every row that is the newest of its identity (`identity_keys`): the highest generation, and of
+    equal generations the last row in shard order; None (all newest) when every row is of one generation."""
+    count = len(keys)
+    if count == 0 or generations.min() == generations.max():
+        return None
+    order = generations.astype(np.int64) * count + np.arange(count, dtype=np.int64)
+    best = pa.table({"key": keys, "order": order}).group_by("key").aggregate([("order", "max")])
+    newest = np.zeros(count, dtype=bool)
+    newest[best.column("order_max").to_numpy() % count] = True
     return newest
 
 
-def in_source(ids: np.ndarray, names: np.ndarray, manifest: pd.DataFrame) -> np.ndarray:
-    """True for every row whose identity (class id, name) the current manifest (columns wnid, name) lists."""
-    listed = pd.MultiIndex.from_arrays([manifest["wnid"].astype(object), manifest["name"].astype(object)])
-    rows = pd.MultiIndex.from_arrays([pd.Index(ids, dtype=object), pd.Index(names, dtype=object)])
-    return np.asarray(rows.isin(listed), dtype=bool)
+def in_source(keys: pa.Array, manifest: pa.Table) -> np.ndarray:
+    """True for every row whose identity (`identity_keys`) the current manifest (columns wnid, name) lists."""
+    listed = identity_keys(manifest.column("wnid").combine_chunks(), manifest.column("name").combine_chunks())
+    found: np.ndarray = pc.is_in(keys, value_set=listed).to_numpy(zero_copy_only=False)
+    return found
 
 
-def by_class(ids: np.ndarray, mask: np.ndarray) -> dict[str, int]:
-    """Rows of `mask` per class id, sorted by class id."""
-    counts = pd.Series(ids[mask], dtype=object).value_counts()
-    return {str(k): int(counts[k]) for k in sorted(counts.index, key=str)}
+def by_class(codes: np.ndarray, vocab: list[str], mask: np.ndarray) -> dict[str, int]:
+    """Rows of `mask` per class id (`codes` into `vocab`), sorted by class id."""
+    counts = np.bincount(codes[mask], minlength=len(vocab))
+    return {vocab[i]: int(counts[i]) for i in sorted(np.flatnonzero(counts), key=lambda i: vocab[i])}

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from imagenet_parquet.format import FormatError, class_ids, shard_generation
 from tasks.common import SPLITS
-from tasks.common.generations import ShardClasses, current_labels, in_source, newest_rows, row_ids, shard_classes
+from tasks.common.generations import ShardClasses, identity_keys, in_source, newest_rows, shard_classes
 from tasks.validate.changes import label_map_digest
 from tasks.validate.checks import CheckResult, pandera_checks
 from tasks.validate.scan import Shard
@@ -61,14 +62,15 @@ def row_class_ids(meta: pd.DataFrame, plan: list[Shard], sources: Sources) -> np
         part = labels[shard.first : shard.first + shard.rows]
         valid = (part >= 0) & (part < len(own.ids))
         block = np.full(len(part), None, dtype=object)
-        block[valid] = row_ids(part[valid], own.ids)
+        block[valid] = np.asarray(own.ids, dtype=object)[part[valid]]
         ids[shard.first : shard.first + shard.rows] = block
     return ids
 
 
 def to_current(ids: np.ndarray, label_map: dict[str, Any]) -> np.ndarray:
     """Each row's label as converted, in label_map.json's numbering (by class id; -1: a class it does not have)."""
-    return current_labels(ids, class_ids(label_map))
+    found = pd.Index(class_ids(label_map), dtype=object).get_indexer(pd.Index(ids, dtype=object))
+    return np.asarray(found, dtype=np.int64)
 
 
 def source_masks(
@@ -81,8 +83,11 @@ def source_masks(
     newest, listed = np.zeros(len(meta), dtype=bool), np.zeros(len(meta), dtype=bool)
     for split in SPLITS:
         rows = np.flatnonzero((meta["split"] == split).to_numpy())
-        newest[rows] = newest_rows(ids[rows], names[rows], gens[rows])
-        listed[rows] = in_source(ids[rows], names[rows], manifests[split])
+        keys = identity_keys(pa.array(ids[rows], pa.string()), pa.array(names[rows], pa.string()))
+        found = newest_rows(keys, gens[rows])
+        newest[rows] = True if found is None else found
+        manifest = pa.Table.from_pandas(manifests[split][["wnid", "name"]], preserve_index=False)
+        listed[rows] = in_source(keys, manifest)
     return {"live": newest & listed, "removed": newest & ~listed, "replaced": ~newest, "appended": gens > 0}
 
 

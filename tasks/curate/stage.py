@@ -5,7 +5,14 @@ never rewritten for them (docs/CONTRACTS.md, "Curation overlay").
 split's shards once — the footer, the image names and the labels as converted, never an image byte —, finds the
 image each line names (`<file>:<line>` fails when the source has no such image), checks the classes the lines
 leave (`lines.check_classes`), and writes `<paths.overlay>/<split>.parquet` (imagenet_parquet/overlay.py) and
-`curation.json` (what was applied, by reason and class)."""
+`curation.json` (what was applied, by reason and class).
+
+Appended shards (issue 33, docs/CONTRACTS.md "Appends"): a split's shards may be of several generations, each with
+the label map current when it was written. Each row's identity is (class id from its own shard's label map, name)
+(tasks/common/generations.py); an identity the current manifest no longer lists is excluded as `removed from
+source`, an older row of an identity a newer generation holds as `replaced by a newer version`, and every label is
+the row's class in the current label map. The overlay is then format 2 (it carries label_map.json's label map);
+with one generation, the current label map and nothing removed it is format 1, byte for byte what it always was."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ counts what changed; compaction folds it all into shards with the current label 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -20,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from imagenet_parquet.format import class_ids, label_map_from_metadata, own_metadata, shard_generation, shard_schema
-from imagenet_parquet.overlay import overlay_table, read_overlay, write_overlay
-from tasks.common import SPLITS
+from imagenet_parquet.overlay import OVERLAY_KEY, overlay_table, read_overlay, write_overlay
+from tasks.common import SPLITS, PipelineError
 from tasks.common.generations import REMOVED, REPLACED
 from tasks.common.shard_writer import write_shard
 from tasks.convert.distribute import run_local
@@ -186,9 +187,6 @@ def test_without_appends_the_overlay_is_format_1_as_before(appended):
 
 
 def read_overlay_meta(data: bytes) -> dict[str, Any]:
-    import io
-
-    from imagenet_parquet.overlay import OVERLAY_KEY
     return json.loads(pq.read_metadata(io.BytesIO(data)).metadata[OVERLAY_KEY])
 
 
@@ -255,3 +253,8 @@ def test_compaction_folds_the_overlay_into_shards_with_the_current_label_map(app
         names = {c["label"]: (c["wnid"], c["name"]) for c in label_map["classes"]}
         assert all((r["wnid"], r["label_name"]) == names[r["label"]] for r in rows)
         assert report["splits"][split]["rows"] == len(expected)
+
+
+def test_a_line_that_empties_a_class_of_the_current_map_fails_as_before(appended, tmp_path):
+    with pytest.raises(PipelineError, match=r"relabel.csv:2: expected class ant left with images in val"):
+        _curate(appended, tmp_path, "val,ant,va.jpg,cat,wrong\n")

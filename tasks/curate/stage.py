@@ -140,16 +140,17 @@ def read_split(parquet: Path, split: str, label_map: dict[str, Any] | None = Non
             "`dvc repro convert`"
         )
     shards, names, labels, owns = [], [], [], []
+    seen: dict[Any, ShardClasses] = {}
     for path in files:
         file = pq.ParquetFile(path)
         table = file.read(columns=["image.path", "label"], use_threads=False)
         shards.append((path.name, file.metadata.num_rows, footer_digest(footer_tail(path))))
         names.append(table.column("image").combine_chunks().field("path"))
         labels.append(table.column("label").to_numpy())
-        owns.append(_shard_classes(path, file.schema_arrow.metadata))
+        owns.append(_shard_classes(path, file.schema_arrow.metadata, seen))
     stored = np.concatenate(labels).astype(np.int64)
     vocab, codes = _codes(owns, labels)
-    same = label_map is None or all(own.label_map == label_map for own in owns)
+    same = label_map is None or all(own.label_map == label_map for own in {id(o): o for o in owns}.values())
     return SplitRows(shards, pa.concat_arrays(names), stored, vocab, codes, [o.generation for o in owns], same)
 
 
@@ -164,9 +165,9 @@ def _codes(owns: list[ShardClasses], labels: list[np.ndarray]) -> tuple[list[str
     return vocab, np.concatenate([lookup[part.astype(np.int64)] for lookup, part in zip(lookups, labels, strict=True)])
 
 
-def _shard_classes(path: Path, meta: dict[bytes, bytes] | None) -> ShardClasses:
+def _shard_classes(path: Path, meta: dict[bytes, bytes] | None, seen: dict[Any, ShardClasses]) -> ShardClasses:
     try:
-        return shard_classes(meta, path)
+        return shard_classes(meta, path, seen)
     except FormatError as err:
         raise PipelineError(f"{err} (the curate stage reads each shard's own label map)") from None
 

@@ -34,7 +34,8 @@ class Sources:
 
     def map_digests(self, plan: list[Shard]) -> dict[tuple[str, str], str]:
         """(split, shard name) -> a digest of the shard's own label map (the version index's shard digests)."""
-        return {(s.split, s.path.name): label_map_digest(c.label_map) for s, c in zip(plan, self.shards, strict=True)}
+        digests = {id(c): label_map_digest(c.label_map) for c in self.shards}  # shards share a few maps
+        return {(s.split, s.path.name): digests[id(c)] for s, c in zip(plan, self.shards, strict=True)}
 
 
 def shard_sources(plan: list[Shard], label_map: dict[str, Any], label_maps_overlay: bool) -> Sources:
@@ -42,14 +43,16 @@ def shard_sources(plan: list[Shard], label_map: dict[str, Any], label_maps_overl
     label_map.json's (the schema_metadata check names it). `label_maps_overlay`: some split's overlay is format 2
     (it gives the labels in label_map.json's numbering): only then may shards carry other label maps (`mixed`);
     else a shard with another one fails schema_metadata, as it always did."""
-    shards = []
+    shards: list[ShardClasses] = []
+    seen: dict[Any, ShardClasses] = {}
     for shard in plan:
         meta = shard.footer.schema.to_arrow_schema().metadata
         try:
-            shards.append(shard_classes(meta, shard.path))
+            shards.append(shard_classes(meta, shard.path, seen))
         except (FormatError, ValueError, KeyError, TypeError):
             shards.append(ShardClasses(shard_generation(meta), label_map, class_ids(label_map)))
-    mixed = any(s.generation or (label_maps_overlay and s.label_map != label_map) for s in shards)
+    distinct = {id(s): s for s in shards}.values()
+    mixed = any(s.generation or (label_maps_overlay and s.label_map != label_map) for s in distinct)
     return Sources(shards, mixed)
 
 
@@ -118,8 +121,9 @@ def pandera_by_map(
     if not sources.mixed:
         return pandera_checks(meta, label_map, limit)
     groups: dict[tuple[int, str], list[int]] = {}
+    digests = {id(c): label_map_digest(c.label_map) for c in sources.shards}
     for i, own in enumerate(sources.shards):
-        groups.setdefault((own.generation, label_map_digest(own.label_map)), []).append(i)
+        groups.setdefault((own.generation, digests[id(own)]), []).append(i)
     found = []
     for members in groups.values():
         rows = np.concatenate([np.arange(plan[i].first, plan[i].first + plan[i].rows) for i in members])

@@ -113,13 +113,9 @@ def run_validation(
     manifests = load_manifests(manifests_dir)
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     meta, plan = read_metadata(list_shards(parquet_dir))
-    formats = overlay_formats(overlays)
-    sources = shard_sources(plan, label_map, LABEL_MAP_FORMAT in formats.values())  # tasks/validate/sources.py
     limit = params.report_examples
-    files = [(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan]
-    own = [c.label_map for c in sources.shards] if sources.mixed else None
-    results = shard_schema_check(files, label_map, limit, own)
-    results += pandera_by_map(meta, plan, sources, label_map, limit)
+    sources = shard_sources(plan, label_map, LABEL_MAP_FORMAT in overlay_formats(overlays).values())
+    results = _shard_checks(meta, plan, sources, label_map, limit)
     masks = _classes_as_found(meta, plan, sources, label_map, manifests)
     live = None if masks is None else masks["live"]
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
@@ -138,14 +134,23 @@ def run_validation(
     near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map), views, converted)
     results.append(near)
     splits = {s: _split_totals(s, totals[s], plan, classes, findings, view) for s in SPLITS}
-    if masks is not None:
-        for split in SPLITS:
-            splits[split].update(appended_totals(meta, split, masks, view.keep))
+    for split in SPLITS if masks is not None else ():
+        splits[split].update(appended_totals(meta, split, masks or {}, view.keep))
     report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
     report["curation"] = {k: v for k, v in curation.items() if k != "applied"}
     maps = sources.map_digests(plan) if sources.mixed else None
     report["version"] = version_index(meta, merged, label_map, curation, maps)  # flows/validate records, then drops
     return {**report, "near_duplicates": plain(near_section)}
+
+
+def _shard_checks(
+    meta: pd.DataFrame, plan: list[Shard], sources: Sources, label_map: dict[str, Any], limit: int
+) -> list[CheckResult]:
+    """The schema, metadata and pandera checks of the shards as converted: against label_map.json, or each shard
+    against its own label map when they differ (appended shards, a format-2 overlay: tasks/validate/sources.py)."""
+    files = [(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan]
+    own = [c.label_map for c in sources.shards] if sources.mixed else None
+    return shard_schema_check(files, label_map, limit, own) + pandera_by_map(meta, plan, sources, label_map, limit)
 
 
 def _classes_as_found(
@@ -154,8 +159,8 @@ def _classes_as_found(
     """Sets `wnid` (the class as found: its label's class id — the folder name of a dataset not named by wnids,
     whose shards carry a null wnid —, the key the manifests, the counts and the versions index use). With appended
     shards or other label maps (`sources.mixed`), from each shard's own label map; `label` then becomes the label as
-    converted in label_map.json's numbering (-1: a class it no longer has; `label_stored`: as stored) and the rows
-    per row what the source did (sources.source_masks) is returned (else None)."""
+    converted in label_map.json's numbering (-1: a class it no longer has; `label_stored`: as stored) and, per row,
+    what the source did is returned (sources.source_masks; else None)."""
     if not sources.mixed:
         meta["wnid"] = meta["label"].map(dict(enumerate(class_ids(label_map))))
         return None

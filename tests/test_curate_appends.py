@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -258,3 +259,34 @@ def test_compaction_folds_the_overlay_into_shards_with_the_current_label_map(app
 def test_a_line_that_empties_a_class_of_the_current_map_fails_as_before(appended, tmp_path):
     with pytest.raises(PipelineError, match=r"relabel.csv:2: expected class ant left with images in val"):
         _curate(appended, tmp_path, "val,ant,va.jpg,cat,wrong\n")
+
+
+def test_an_image_removed_from_the_source_alone_is_an_exclusion_and_rewrites_nothing(appended, tmp_path):
+    """No new image (convert appends no shard): the removal is a format-2 overlay exclusion, validate passes and
+    "what changed" counts one image removed from the source, no shard added or rewritten."""
+    gen0 = appended["root"] / "gen0"
+    data = tmp_path / "data"
+    shutil.copytree(gen0, data, ignore=shutil.ignore_patterns("overlay", "staging"))
+    first = _validate(stage.CurateJob(gen0 / "parquet", gen0 / "manifests", gen0 / "label_map.json",
+                                      gen0 / "overlay", read_curation(None, None)))
+    (tmp_path / "versions").mkdir()
+    changes.record_version(tmp_path / "versions", first["version"])
+    manifest = pq.read_table(data / "manifests/train.parquet")
+    pq.write_table(manifest.filter(pc.not_equal(manifest.column("name"), REMOVED_IMAGE[2])),
+                   data / "manifests/train.parquet")
+    job = stage.CurateJob(data / "parquet", data / "manifests", data / "label_map.json", data / "overlay",
+                          read_curation(None, None))
+    report = stage.write_overlays(job)
+    meta, rows = _kept(job, "train")
+    assert meta["format"] == 2 and [n for n, _, k, _ in rows if not k] == [REMOVED_IMAGE[2]]
+    assert report["source"]["train"][REMOVED] == {"rows": 1, "by_class": {"dog": 1}}
+    assert _kept(job, "val")[0]["format"] == 1  # val: nothing removed, nothing appended
+    second = _validate(job)
+    assert _failed(second) == {}
+    changes.record_version(tmp_path / "versions", second["version"])
+    metrics = json.loads((tmp_path / "versions" / changes.CHANGES_FILE).read_text(encoding="utf-8"))
+    assert {k: metrics["train"][k] for k in ("images_removed_from_source", "images_removed", "shards_added",
+                                             "shards_rewritten", "images_appended")} == {
+        "images_removed_from_source": 1, "images_removed": 1, "shards_added": 0, "shards_rewritten": 0,
+        "images_appended": 0}
+    assert metrics["new_classes"] == 0

@@ -87,10 +87,12 @@ def apply_overlays(
     label_map: dict[str, Any],
     limit: int,
     live: np.ndarray | None = None,
+    appended: set[str] | frozenset[str] = frozenset(),
 ) -> View:
     """Every split's overlay checked against its shards and applied (see the module docstring). `live` (appended
-    shards, issue 33: tasks/validate/sources.py): the rows the source holds now — the overlay must be format 2
-    with label_map.json's label map, and exclude every other row (removed from the source, or replaced)."""
+    shards, issue 33: tasks/validate/sources.py): the rows the source holds now — the overlay must exclude every
+    other row (removed from the source, or replaced) and, in the splits `appended` (appended shards, other label
+    maps) or where it excludes such rows, be format 2 with label_map.json's label map."""
     labels = meta["label"].to_numpy(dtype=np.int64, na_value=-1).copy()
     keep = np.ones(len(meta), dtype=bool)
     problems, edits = [], {}
@@ -99,7 +101,8 @@ def apply_overlays(
         path = overlay_file(overlay_dir, split)
         first, rows = (shards[0].first, sum(s.rows for s in shards)) if shards else (0, 0)
         try:
-            overlay = _load(path, split, shards, label_map, None if live is None else live[first : first + rows])
+            part = None if live is None else live[first : first + rows]
+            overlay = _load(path, split, shards, label_map, part, split in appended)
         except FormatError as err:  # OverlayError, or a shard whose footer cannot be read
             problems.append({"split": split, "overlay": str(path), "found": str(err)})
             continue
@@ -112,7 +115,9 @@ def apply_overlays(
     return View(labels, keep, _result(problems, edits, limit), edits)
 
 
-def _load(path: Path, split: str, shards: list[Shard], label_map: dict[str, Any], live: np.ndarray | None) -> Overlay:
+def _load(
+    path: Path, split: str, shards: list[Shard], label_map: dict[str, Any], live: np.ndarray | None, appended: bool
+) -> Overlay:
     """The overlay of `split` for exactly these shards (none missing, none extra), or a FormatError."""
     names = [s.path.name for s in shards]
     listed = _listed(path)
@@ -127,14 +132,17 @@ def _load(path: Path, split: str, shards: list[Shard], label_map: dict[str, Any]
     if overlay.split != split:
         raise FormatError(f"{path}: expected the {split} overlay, found the {overlay.split!r} one; {TODO}")
     if live is not None:
-        _check_sources(path, split, overlay, label_map, live)
+        _check_sources(path, split, overlay, label_map, live, appended or not live.all())
     return overlay
 
 
-def _check_sources(path: Path, split: str, overlay: Overlay, label_map: dict[str, Any], live: np.ndarray) -> None:
-    """Over appended shards: the overlay gives label_map.json's labels (format 2) and keeps no row the source no
-    longer holds (removed from it, or replaced by a newer version of the image)."""
-    if overlay.label_map != label_map:
+def _check_sources(
+    path: Path, split: str, overlay: Overlay, label_map: dict[str, Any], live: np.ndarray, format_2: bool
+) -> None:
+    """Over appended shards: the overlay keeps no row the source no longer holds (removed from it, or replaced by
+    a newer version of the image), and gives label_map.json's labels — format 2 with that map where `format_2`
+    (else format 1: the shards' own, then label_map.json's too)."""
+    if overlay.label_map != label_map and (format_2 or overlay.label_map is not None):
         found = "overlay format 1" if overlay.label_map is None else "another label map"
         raise FormatError(
             f"{path}: expected a format-2 overlay with label_map.json's label map (the {split} shards were written "

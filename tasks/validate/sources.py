@@ -38,11 +38,17 @@ class Sources:
         return {(s.split, s.path.name): digests[id(c)] for s, c in zip(plan, self.shards, strict=True)}
 
 
+def appended_splits(plan: list[Shard], sources: Sources, label_map: dict[str, Any]) -> set[str]:
+    """The splits with an appended shard or a shard of another label map (their overlay must be format 2)."""
+    return {s.split for s, c in zip(plan, sources.shards, strict=True) if c.generation or c.label_map != label_map}
+
+
 def shard_sources(plan: list[Shard], label_map: dict[str, Any], label_maps_overlay: bool) -> Sources:
     """Every shard's generation and own label map; a shard whose label map cannot be read is taken as having
     label_map.json's (the schema_metadata check names it). `label_maps_overlay`: some split's overlay is format 2
-    (it gives the labels in label_map.json's numbering): only then may shards carry other label maps (`mixed`);
-    else a shard with another one fails schema_metadata, as it always did."""
+    (it gives the labels in label_map.json's numbering, and may exclude rows the source removed): only then may
+    shards carry other label maps; else a shard with another one fails schema_metadata, as it always did. `mixed`:
+    such an overlay, or an appended shard."""
     shards: list[ShardClasses] = []
     seen: dict[Any, ShardClasses] = {}
     for shard in plan:
@@ -52,7 +58,7 @@ def shard_sources(plan: list[Shard], label_map: dict[str, Any], label_maps_overl
         except (FormatError, ValueError, KeyError, TypeError):
             shards.append(ShardClasses(shard_generation(meta), label_map, class_ids(label_map)))
     distinct = {id(s): s for s in shards}.values()
-    mixed = any(s.generation or (label_maps_overlay and s.label_map != label_map) for s in distinct)
+    mixed = label_maps_overlay or any(s.generation for s in distinct)
     return Sources(shards, mixed)
 
 

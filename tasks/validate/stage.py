@@ -47,6 +47,7 @@ from tasks.validate.scan import (
 )
 from tasks.validate.sources import (
     Sources,
+    appended_splits,
     appended_totals,
     pandera_by_map,
     row_class_ids,
@@ -119,7 +120,7 @@ def run_validation(
     masks = _classes_as_found(meta, plan, sources, label_map, manifests)
     live = None if masks is None else masks["live"]
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
-    view = apply_overlays(meta, plan, overlays, label_map, limit, live)
+    view = apply_overlays(meta, plan, overlays, label_map, limit, live, appended_splits(plan, sources, label_map))
     merged = merged_frame(meta, view, label_map)
     checked = meta if live is None else meta[live]  # the rows the source holds now, against the manifests
     manifest_result, totals = manifest_check(checked, manifests, bad, limit)

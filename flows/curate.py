@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cli import main
 from imagenet_parquet.format import FormatError
+from tasks.common.generations import REMOVED, REPLACED
 from tasks.common.params import load_project
 from tasks.curate import stage as curate
 
@@ -28,6 +29,14 @@ def curate_flow(params_file: str = "params.yaml") -> dict[str, Any]:
         len(report["applied"]),
         len(report["not_in_shards"]),
     )
+    for split, found in report.get("source", {}).items():  # appended shards (issue 33): what the source changed
+        get_run_logger().info(
+            "%s: %d rows appended, %d removed from the source, %d replaced by a newer version (excluded)",
+            split,
+            found["appended"]["rows"],
+            found[REMOVED]["rows"],
+            found[REPLACED]["rows"],
+        )
     return report
 
 

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from imagenet_parquet.format import (
     FORMAT_VERSION,
+    GENERATION_KEY,
     FormatError,
     class_names,
     label_map_from_metadata,
@@ -98,8 +99,19 @@ def plan_split(job: CompactJob, split: str) -> SplitPlan:
         raise PipelineError(f"{err} (compaction needs the overlay made for exactly these shards)") from None
     params = (own_metadata(meta) or {}).get("convert_params") or {}
     row_group_rows = int(params.get("row_group_rows") or pq.read_metadata(files[0][0]).row_group(0).num_rows)
+    if overlay.label_map is not None:  # format 2 (appended shards, issue 33): the labels follow the overlay's map
+        label_map = overlay.label_map
+        schema = _with_label_map(schema, label_map, split)
     columns = [(c.get("wnid"), n) for c, n in zip(label_map["classes"], class_names(label_map), strict=True)]
     return SplitPlan(split, files, overlay, schema, columns, row_group_rows)
+
+
+def _with_label_map(schema: pa.Schema, label_map: dict[str, Any], split: str) -> pa.Schema:
+    """The compacted shards' schema with `label_map` (a format-2 overlay's: the current one) in place of the
+    source shards' own: their labels, wnids and names are the overlay's."""
+    own = own_metadata(schema.metadata) or {}
+    fingerprinted = own.get("fingerprint_algorithm") is not None
+    return shard_schema(label_map, own.get("convert_params") or {}, split, fingerprinted, curation=CURATION_APPLIED)
 
 
 def _schema(path: Path, meta: dict[bytes, bytes] | None, split: str) -> tuple[pa.Schema, dict[str, Any]]:
@@ -114,9 +126,10 @@ def _schema(path: Path, meta: dict[bytes, bytes] | None, split: str) -> tuple[pa
     label_map = label_map_from_metadata(meta, path)
     fingerprinted = own.get("fingerprint_algorithm") is not None
     schema = shard_schema(label_map, own.get("convert_params") or {}, split, fingerprinted, curation=CURATION_APPLIED)
-    rebuilt = {k: v for k, v in (own_metadata(schema.metadata) or {}).items() if k != "curation"}
+    ignored = ("curation", GENERATION_KEY)  # a compacted shard is no appended one: no generation
+    rebuilt = {k: v for k, v in (own_metadata(schema.metadata) or {}).items() if k not in ignored}
     same_hf = schema.metadata[b"huggingface"] == (meta or {}).get(b"huggingface")
-    if not same_hf or rebuilt != {k: v for k, v in own.items() if k != "curation"}:
+    if not same_hf or rebuilt != {k: v for k, v in own.items() if k not in ignored}:
         raise PipelineError(
             f"{path}: expected the {split} shard metadata this version's convert writes (format {FORMAT_VERSION}), "
             "found other metadata (another version, or an altered footer); re-run `dvc repro convert curate`"

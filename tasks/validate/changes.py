@@ -34,25 +34,52 @@ def _digest(values: Any) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def label_map_digest(label_map: dict[str, Any]) -> str:
+    """The version index's digest of a label map (its classes: label, wnid, name)."""
+    return _digest([[c["label"], c["wnid"], c.get("name")] for c in label_map["classes"]])
+
+
 def version_index(
-    stored: pd.DataFrame, merged: pd.DataFrame, label_map: dict[str, Any], curation: dict[str, Any]
+    stored: pd.DataFrame,
+    merged: pd.DataFrame,
+    label_map: dict[str, Any],
+    curation: dict[str, Any],
+    shard_maps: dict[tuple[str, str], str] | None = None,
 ) -> dict[str, Any]:
     """The index of this version (deterministic: sorted, no timestamps): classes of the `merged` view (the rows
-    kept, labels now), shards of the rows `stored`, curation lines of curation.json."""
-    labels = _digest([[c["label"], c["wnid"], c.get("name")] for c in label_map["classes"]])
+    kept, labels now), shards of the rows `stored` (labels as stored: column `label_stored` where present),
+    curation lines of curation.json. `shard_maps` (appended shards): (split, shard) -> the digest of the shard's
+    own label map, which its digest covers instead of label_map.json's (a new class rewrites no old shard)."""
+    labels = label_map_digest(label_map)
     index: dict[str, Any] = {"label_map": labels, "classes": {}, "shards": {}}
+    label_column = "label_stored" if "label_stored" in stored else "label"
     for split in SPLITS:
         rows, kept = stored[stored["split"] == split], merged[merged["split"] == split]
         images = _grouped(kept["wnid"], kept["image_path"], kept["sha256"])
         index["classes"][split] = {
             wnid: {"count": len(group), "digest": _digest(sorted(group))} for wnid, group in images.items()
         }
-        shards = _grouped(rows["shard"], rows["image_path"], rows["label"], rows["sha256"])
+        shards = _grouped(rows["shard"], rows["image_path"], rows[label_column], rows["sha256"])
         index["shards"][split] = {
-            shard: _digest([labels, [list(row) for row in group]]) for shard, group in shards.items()
+            shard: _digest([(shard_maps or {}).get((split, shard), labels), [list(row) for row in group]])
+            for shard, group in shards.items()
         }
     index["curated"] = curated_lines(curation)
+    if "source" in curation:  # appended shards or images removed from the source (issue 33): their counts
+        index["source"] = source_counts(curation["source"])
     return index
+
+
+SOURCE_COUNTS = {"removed": "removed from source", "replaced": "replaced by a newer version", "appended": "appended"}
+
+
+def source_counts(source: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per split the rows removed from the source, replaced by a newer version and appended (curation.json
+    `source`, written by the curate stage over appended shards)."""
+    return {
+        split: {key: int(source.get(split, {}).get(reason, {}).get("rows", 0)) for key, reason in SOURCE_COUNTS.items()}
+        for split in SPLITS
+    }
 
 
 def _grouped(keys: pd.Series, *columns: pd.Series) -> dict[str, list[tuple[Any, ...]]]:
@@ -109,7 +136,27 @@ def compare(previous: dict[str, Any] | None, current: dict[str, Any]) -> dict[st
             "shards_removed": sorted(set(old_shards) - set(new_shards)),
             "shards": len(new_shards),
         }
+    if "source" in previous or "source" in current:
+        _appended_round(previous, current, out)
     return out
+
+
+def _appended_round(previous: dict[str, Any], current: dict[str, Any], out: dict[str, Any]) -> None:
+    """What an append round changed (either version has appended shards or images removed from the source):
+    per split the shards added (names new in this version) apart from those rewritten (names of the previous
+    version whose rows changed: 0 for an append), the images appended, removed from the source and replaced by a
+    newer version since the previous version (the counts' growth), and the class ids new to the dataset."""
+    empty = dict.fromkeys(SOURCE_COUNTS, 0)
+    for split in SPLITS:
+        old_shards, new_shards = previous["shards"].get(split, {}), current["shards"].get(split, {})
+        before = previous.get("source", {}).get(split, empty)
+        after = current.get("source", {}).get(split, empty)
+        found = out[split]
+        found["shards_added"] = sorted(set(new_shards) - set(old_shards))
+        found["shards_rewritten"] = [name for name in found["shards_rewritten"] if name in old_shards]
+        found["source"] = {key: max(after[key] - before[key], 0) for key in SOURCE_COUNTS}
+    old = {wnid for split in SPLITS for wnid in previous["classes"].get(split, {})}
+    out["new_classes"] = sorted({wnid for split in SPLITS for wnid in current["classes"].get(split, {})} - old)
 
 
 def _class_counts(before: int, after: int, moved: dict[str, int]) -> dict[str, int]:
@@ -153,8 +200,12 @@ def _placement(lines: list[list[Any]]) -> dict[tuple[str, str, str], str | None]
 
 
 def changes_metrics(changes: dict[str, Any]) -> dict[str, Any]:
-    """The counts for `dvc metrics diff`: per split images added / removed / relabelled, shards rewritten."""
+    """The counts for `dvc metrics diff`: per split images added / removed / relabelled, shards rewritten; after
+    an append round (issue 33) also images appended / removed from the source / replaced, shards added and the new
+    classes (keys present only then: a version without appends keeps today's file byte for byte)."""
     out: dict[str, Any] = {"previous_version": int(changes["previous"])}
+    if "new_classes" in changes:
+        out["new_classes"] = len(changes["new_classes"])
     for split in SPLITS:
         found = changes.get(split, {"classes": [], "shards_rewritten": [], "shards_removed": [], "shards": 0})
         out[split] = {
@@ -166,4 +217,11 @@ def changes_metrics(changes: dict[str, Any]) -> dict[str, Any]:
             "shards_removed": len(found["shards_removed"]),
             "shards": found["shards"],
         }
+        if "source" in found:
+            out[split].update(
+                images_appended=found["source"]["appended"],
+                images_removed_from_source=found["source"]["removed"],
+                images_replaced=found["source"]["replaced"],
+                shards_added=len(found["shards_added"]),
+            )
     return out

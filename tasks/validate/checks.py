@@ -107,20 +107,27 @@ def row_failures(name: str, meta: pd.DataFrame, found: dict[int, str], limit: in
 
 
 # ---------------------------------------------------------------- Arrow schema and metadata (per shard)
-def shard_schema_check(files: list[tuple[str, Path, Any]], label_map: dict[str, Any], limit: int) -> list[CheckResult]:
+def shard_schema_check(
+    files: list[tuple[str, Path, Any]],
+    label_map: dict[str, Any],
+    limit: int,
+    own: list[dict[str, Any]] | None = None,
+) -> list[CheckResult]:
     """Arrow types/order and the schema metadata of every shard (split, path, Arrow schema), against the contract
-    and label_map.json."""
+    and label_map.json — or, `own` given (appended shards, issue 33: each with the label map current when it was
+    written, a format-2 overlay giving the labels now), each shard's own label map, one per file."""
     expected = [(name, str(dtype)) for name, dtype in FIELDS]
+    maps = own if own is not None else [label_map] * len(files)
     bad_types, bad_meta = [], []
     seen: dict[tuple[str, bytes | None, bytes | None], str | None] = {}  # a split's shards share one metadata
-    for split, path, schema in files:
+    for (split, path, schema), expected_map in zip(files, maps, strict=True):
         found = [(f.name, str(f.type)) for f in schema]
         if found != expected:
             bad_types.append({"split": split, "shard": path.name, "found": _diff(expected, found)})
         metadata = schema.metadata or {}
         key = (split, metadata.get(b"imagenet_parquet"), metadata.get(b"huggingface"))
         if key not in seen:
-            seen[key] = _metadata_problem(metadata, split, label_map)
+            seen[key] = _metadata_problem(metadata, split, expected_map)
         problem = seen[key]
         if problem:
             bad_meta.append({"split": split, "shard": path.name, "found": problem})

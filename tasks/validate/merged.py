@@ -80,30 +80,44 @@ def load_curation(overlay_dir: Path) -> dict[str, Any]:
     return found
 
 
-def apply_overlays(meta: pd.DataFrame, plan: list[Shard], overlay_dir: Path, num_classes: int, limit: int) -> View:
-    """Every split's overlay checked against its shards and applied (see the module docstring)."""
+def apply_overlays(
+    meta: pd.DataFrame,
+    plan: list[Shard],
+    overlay_dir: Path,
+    label_map: dict[str, Any],
+    limit: int,
+    live: np.ndarray | None = None,
+    appended: set[str] | frozenset[str] = frozenset(),
+) -> View:
+    """Every split's overlay checked against its shards and applied (see the module docstring). `live` (appended
+    shards, issue 33: tasks/validate/sources.py): the rows the source holds now — the overlay must exclude every
+    other row (removed from the source, or replaced) and, in the splits `appended` (appended shards, other label
+    maps) or where it excludes such rows, be format 2 with label_map.json's label map."""
     labels = meta["label"].to_numpy(dtype=np.int64, na_value=-1).copy()
     keep = np.ones(len(meta), dtype=bool)
     problems, edits = [], {}
     for split in SPLITS:
         shards = [s for s in plan if s.split == split]
         path = overlay_file(overlay_dir, split)
+        first, rows = (shards[0].first, sum(s.rows for s in shards)) if shards else (0, 0)
         try:
-            overlay = _load(path, split, shards, num_classes)
+            part = None if live is None else live[first : first + rows]
+            overlay = _load(path, split, shards, label_map, part, split in appended)
         except FormatError as err:  # OverlayError, or a shard whose footer cannot be read
             problems.append({"split": split, "overlay": str(path), "found": str(err)})
             continue
-        first, rows = (shards[0].first, sum(s.rows for s in shards)) if shards else (0, 0)
         converted = labels[first : first + rows].copy()
         labels[first : first + rows], keep[first : first + rows] = overlay.labels, overlay.keep
         edits[split] = {
-            "relabelled": int((overlay.labels != converted).sum()),
+            "relabelled": int((overlay.labels != converted)[overlay.keep].sum()),
             "excluded": int((~overlay.keep).sum()),
         }
     return View(labels, keep, _result(problems, edits, limit), edits)
 
 
-def _load(path: Path, split: str, shards: list[Shard], num_classes: int) -> Overlay:
+def _load(
+    path: Path, split: str, shards: list[Shard], label_map: dict[str, Any], live: np.ndarray | None, appended: bool
+) -> Overlay:
     """The overlay of `split` for exactly these shards (none missing, none extra), or a FormatError."""
     names = [s.path.name for s in shards]
     listed = _listed(path)
@@ -114,10 +128,44 @@ def _load(path: Path, split: str, shards: list[Shard], num_classes: int) -> Over
             f"that are not there: {extra[:3]} (made for another version); {TODO}"
         )
     footers = [footer_digest(footer_tail(s.path)) for s in shards]
-    overlay = load_overlay(path, names, [s.rows for s in shards], footers, num_classes)
+    overlay = load_overlay(path, names, [s.rows for s in shards], footers, label_map["num_classes"])
     if overlay.split != split:
         raise FormatError(f"{path}: expected the {split} overlay, found the {overlay.split!r} one; {TODO}")
+    if live is not None:
+        _check_sources(path, split, overlay, label_map, live, appended or not live.all())
     return overlay
+
+
+def _check_sources(
+    path: Path, split: str, overlay: Overlay, label_map: dict[str, Any], live: np.ndarray, format_2: bool
+) -> None:
+    """Over appended shards: the overlay keeps no row the source no longer holds (removed from it, or replaced by
+    a newer version of the image), and gives label_map.json's labels — format 2 with that map where `format_2`
+    (else format 1: the shards' own, then label_map.json's too)."""
+    if overlay.label_map != label_map and (format_2 or overlay.label_map is not None):
+        found = "overlay format 1" if overlay.label_map is None else "another label map"
+        raise FormatError(
+            f"{path}: expected a format-2 overlay with label_map.json's label map (the {split} shards were written "
+            f"with several label maps, or appended), found {found}; {TODO}"
+        )
+    stale = np.flatnonzero(overlay.keep & ~live)
+    if len(stale):
+        raise FormatError(
+            f"{path}: expected the rows removed from the source or replaced by a newer version excluded, found "
+            f"{len(stale)} kept (row {int(stale[0])} of the {split} shards first); {TODO}"
+        )
+
+
+def overlay_formats(overlay_dir: Path) -> dict[str, Any]:
+    """Each split's overlay format (its footer only; None when unreadable: load_overlay then names the problem)."""
+    found = {}
+    for split in SPLITS:
+        try:
+            meta = json.loads((pq.read_metadata(overlay_file(overlay_dir, split)).metadata or {})[OVERLAY_KEY])
+            found[split] = meta.get("format") if isinstance(meta, dict) else None
+        except (OSError, KeyError, ValueError, TypeError):
+            found[split] = None
+    return found
 
 
 def _listed(path: Path) -> list[str]:

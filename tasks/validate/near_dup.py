@@ -192,7 +192,7 @@ class Fingerprints:
 
 
 def read_fingerprints(
-    parquet_dir: str | Path, views: Views | None = None
+    parquet_dir: str | Path, views: Views | None = None, converted: dict[str, np.ndarray] | None = None
 ) -> tuple[dict[str, Fingerprints], str | None]:
     """Per split the Fingerprints; or none and the `unchecked_reason` of the first shard whose fingerprints
     cannot be searched. Reads the `phash` and `label` columns only (not `image.path`: ~100 B a row as strings).
@@ -213,7 +213,7 @@ def read_fingerprints(
             columns["shard"].append(np.full(len(table), i, dtype=np.int32))
             columns["row"].append(np.arange(len(table), dtype=np.int32))
         frame = pd.DataFrame({name: np.concatenate(parts) for name, parts in columns.items()})
-        frame["source"] = frame["label"]
+        frame["source"] = frame["label"] if converted is None else np.asarray(converted[split]).astype(np.int32)
         if views is not None and split in views:
             labels, keep = views[split]
             frame["label"] = np.asarray(labels).astype(np.int32)
@@ -326,14 +326,19 @@ def tolerance(train: int, val: int, distance: int, max_pairs: int, margin: float
 
 # ---------------------------------------------------------------- the check
 def near_duplicate_check(
-    parquet_dir: str | Path, params: ValidateParams, classes: list[str] | None = None, views: Views | None = None
+    parquet_dir: str | Path,
+    params: ValidateParams,
+    classes: list[str] | None = None,
+    views: Views | None = None,
+    converted: dict[str, np.ndarray] | None = None,
 ) -> tuple[CheckResult, dict[str, Any]]:
     """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups, the
     chance level and the tolerance: `tolerance`); `classes`: the label map's class ids by
     label (see _named); `views`: the overlay's (labels, keep) per split — an excluded image is neither searched
-    nor counted, and `cross_class` compares the labels now."""
+    nor counted, and `cross_class` compares the labels now; `converted` (shards with several label maps): per split
+    every row's label as converted in the numbering of `classes` (else the label stored, the same then)."""
     distance, train_distance = params.near_duplicates_distance, params.near_duplicates_train_distance
-    prints, reason = read_fingerprints(parquet_dir, views)
+    prints, reason = read_fingerprints(parquet_dir, views, converted)
     if reason is not None:
         section = {"checked": False, "reason": reason, "distance": distance, "pairs": []}
         return CheckResult("near_duplicates", "warn", f"not checked: {reason}"), section

@@ -354,13 +354,25 @@ def _changes_section(report: dict[str, Any]) -> list[str]:
     lines = ["## Changes since the previous version", ""]
     if not changes or not changes["previous"]:
         return lines + ["No previous version recorded (versions/index.json): this is the first.", ""]
+    appended = "new_classes" in changes  # an append round (issue 33): new shards, the overlay gives the labels
     if changes["label_map_changed"]:
-        lines += ["The class set changed: label ids after the change moved, every shard carries the new map.", ""]
+        carried = "the overlay gives each row's label in the new map" if appended else "every shard carries the new map"
+        lines += [f"The class set changed: label ids after the change moved, {carried}.", ""]
+    if appended and changes["new_classes"]:
+        lines += [f"New classes: {shown_names(changes['new_classes'], limit)}.", ""]
     for split in SPLITS:
         c = changes[split]
         count = f"{len(c['shards_rewritten'])} of {c['shards']} shards rewritten"
         shards = f"{shown_names(c['shards_rewritten'], limit)}); {len(c['shards_removed'])} removed."
         lines += [f"**{split}**: {count} ({shards}", ""]
+        if "source" in c:
+            src = c["source"]
+            added = f"{len(c['shards_added'])} shard(s) added ({shown_names(c['shards_added'], limit)})"
+            images = (
+                f"{src['appended']} image(s) appended, {src['removed']} removed from the source, "
+                f"{src['replaced']} replaced by a newer version (overlay exclusions)"
+            )
+            lines += [f"{added}: {images}.", ""]
         if c["classes"]:
             lines += _class_changes(c["classes"], limit)
     return lines

@@ -16,13 +16,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from imagenet_parquet.format import COLUMNS, class_ids, read_label_map
-from imagenet_parquet.overlay import OVERLAY_DIR
+from imagenet_parquet.overlay import LABEL_MAP_FORMAT, OVERLAY_DIR
 from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
 from tasks.common.params import ValidateParams
 from tasks.validate.changes import version_index
-from tasks.validate.checks import DESCRIPTIONS, CheckResult, pandera_checks, row_failures, shard_schema_check
+from tasks.validate.checks import DESCRIPTIONS, CheckResult, row_failures, shard_schema_check
 from tasks.validate.dataset_checks import (
     class_count_check,
     class_set_check,
@@ -32,7 +32,7 @@ from tasks.validate.dataset_checks import (
     manifest_check,
     manifest_label_check,
 )
-from tasks.validate.merged import View, apply_overlays, merged_frame, require_overlays
+from tasks.validate.merged import View, apply_overlays, merged_frame, overlay_formats, require_overlays
 from tasks.validate.near_dup import near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
 from tasks.validate.scan import (
@@ -44,6 +44,16 @@ from tasks.validate.scan import (
     list_shards,
     read_metadata,
     scan_bytes,
+)
+from tasks.validate.sources import (
+    Sources,
+    appended_splits,
+    appended_totals,
+    pandera_by_map,
+    row_class_ids,
+    shard_sources,
+    source_masks,
+    to_current,
 )
 
 BAD_IMAGE_FIELDS = ["split", "source", "member", "name", "reason"]
@@ -105,29 +115,61 @@ def run_validation(
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     meta, plan = read_metadata(list_shards(parquet_dir))
     limit = params.report_examples
-    results = shard_schema_check([(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan], label_map, limit)
-    results += pandera_checks(meta, label_map, limit)
-    # From here on `wnid` is the class as found (its label's class id: the folder name of a dataset not named by
-    # wnids, whose shards carry a null wnid), the key the manifests, the counts and the versions index use.
-    meta["wnid"] = meta["label"].map(dict(enumerate(class_ids(label_map))))
+    sources = shard_sources(plan, label_map, LABEL_MAP_FORMAT in overlay_formats(overlays).values())
+    results = _shard_checks(meta, plan, sources, label_map, limit)
+    masks = _classes_as_found(meta, plan, sources, label_map, manifests)
+    live = None if masks is None else masks["live"]
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
-    view = apply_overlays(meta, plan, overlays, label_map["num_classes"], limit)
+    view = apply_overlays(meta, plan, overlays, label_map, limit, live, appended_splits(plan, sources, label_map))
     merged = merged_frame(meta, view, label_map)
-    manifest_result, totals = manifest_check(meta, manifests, bad, limit)
-    results += [view.result, manifest_result, manifest_label_check(meta, manifests, limit)]
+    checked = meta if live is None else meta[live]  # the rows the source holds now, against the manifests
+    manifest_result, totals = manifest_check(checked, manifests, bad, limit)
+    results += [view.result, manifest_result, manifest_label_check(checked, manifests, limit)]
     classes, counts, class_results = _class_checks(merged, label_map, params, Path(manifests_dir))
     cache = ScanCache(Path(work_dir) / SCAN_DIR) if work_dir is not None else None
     findings = scan_bytes(plan, meta, _decode_rows(meta, merged, params.decode_sample), params.workers, cache=cache)
     results += class_results + _byte_checks(meta, findings, len(plan), limit)
     results.append(leakage_check(merged, params.leakage_max_pairs, limit))
     views = {s: view.split(meta, s) for s in SPLITS}
-    near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map), views)
+    converted = None if live is None else {s: meta.loc[meta["split"] == s, "label"].to_numpy() for s in SPLITS}
+    near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map), views, converted)
     results.append(near)
     splits = {s: _split_totals(s, totals[s], plan, classes, findings, view) for s in SPLITS}
+    for split in SPLITS if masks is not None else ():
+        splits[split].update(appended_totals(meta, split, masks or {}, view.keep))
     report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
     report["curation"] = {k: v for k, v in curation.items() if k != "applied"}
-    report["version"] = version_index(meta, merged, label_map, curation)  # flows/validate records it, then drops it
+    maps = sources.map_digests(plan) if sources.mixed else None
+    report["version"] = version_index(meta, merged, label_map, curation, maps)  # flows/validate records, then drops
     return {**report, "near_duplicates": plain(near_section)}
+
+
+def _shard_checks(
+    meta: pd.DataFrame, plan: list[Shard], sources: Sources, label_map: dict[str, Any], limit: int
+) -> list[CheckResult]:
+    """The schema, metadata and pandera checks of the shards as converted: against label_map.json, or each shard
+    against its own label map when they differ (appended shards, a format-2 overlay: tasks/validate/sources.py)."""
+    files = [(s.split, s.path, s.footer.schema.to_arrow_schema()) for s in plan]
+    own = [c.label_map for c in sources.shards] if sources.mixed else None
+    return shard_schema_check(files, label_map, limit, own) + pandera_by_map(meta, plan, sources, label_map, limit)
+
+
+def _classes_as_found(
+    meta: pd.DataFrame, plan: list[Shard], sources: Sources, label_map: dict[str, Any], manifests: dict[str, Any]
+) -> dict[str, np.ndarray] | None:
+    """Sets `wnid` (the class as found: its label's class id — the folder name of a dataset not named by wnids,
+    whose shards carry a null wnid —, the key the manifests, the counts and the versions index use). With appended
+    shards or other label maps (`sources.mixed`), from each shard's own label map; `label` then becomes the label as
+    converted in label_map.json's numbering (-1: a class it no longer has; `label_stored`: as stored) and, per row,
+    what the source did is returned (sources.source_masks; else None)."""
+    if not sources.mixed:
+        meta["wnid"] = meta["label"].map(dict(enumerate(class_ids(label_map))))
+        return None
+    ids = row_class_ids(meta, plan, sources)
+    meta["wnid"] = ids
+    meta["label_stored"] = meta["label"]
+    meta["label"] = to_current(ids, label_map)
+    return source_masks(meta, ids, plan, sources, manifests)
 
 
 def _class_checks(

@@ -93,7 +93,7 @@ def test_an_append_round_writes_only_new_shards_and_dvc_is_up_to_date(appended):
         split = name.split("-", 1)[0]
         assert shard_generation(pq.read_schema(repo / "data/parquet" / split / name).metadata) == 1
     layout = json.loads((repo / "versions/layout.json").read_text())
-    assert [g["generation"] for g in layout["splits"]["train"]["generations"]] == [0, 1]
+    assert [g["generation"] for g in layout["splits"]["train"]] == [0, 1]
     changes = json.loads((repo / "versions/changes.json").read_text())["train"]
     assert changes["shards_rewritten"] == 0
     assert (changes["images_added"], changes["images_removed"]) == (5, 1), changes

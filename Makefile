@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # `make docs`: regenerate docs/params.md from the params models (tests/test_docs.py fails when it is stale).
-.PHONY: run test lint docs serve server remote-local remote-s3 bench clean compact
+.PHONY: run test lint docs serve server remote-local remote-s3 bench clean compact relayout
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ docs: $(STAMP)
 # data/compacted/<split>/ (`make compact OUT=data/elsewhere`: another directory inside the project).
 compact: $(STAMP)
 	$(BIN)/python -m tasks.curate.compact $(if $(OUT),--out '$(subst ','\'',$(OUT))')
+
+# `make relayout`: drop the layout history (versions/layout.json) and `dvc repro`: shards appended over versions are
+# rewritten into the canonical layout, byte-identical to a fresh convert of the current source (the reviewer guide
+# says when it is worth it). Commit and push the result as a new version.
+relayout: $(STAMP)
+	$(BIN)/python -m tasks.convert.history discard && PATH=$(CURDIR)/$(BIN):$$PATH dvc repro
 
 clean:
 	rm -rf data .venv

@@ -178,7 +178,7 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     reference_job = make_job(fresh, shard_mb=0.01, row_group_rows=4, policy="reencode")
     run_local(reference_job, progress=False)
     reference = shard_bytes(reference_job)
-    total = len(prepare(reference_job))
+    total = len(list((fresh / "data/parquet/train").glob("*.parquet")))
     stats_dir = killed / "data/scratch/convert/train"
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO), root=str(killed))],
                             start_new_session=True)
@@ -193,7 +193,10 @@ def test_kill_9_then_rerun_resumes_to_identical_bytes(tmp_path):
     metrics = run_local(job, workers=2, progress=False)
     assert metrics["resumed_shards"] >= finished and shard_bytes(job) == reference
     first = sorted((killed / "data/parquet/train").glob("*.parquet"))[0]
-    first.write_bytes(first.read_bytes()[:-10] + b"x" * 10)  # a damaged finished shard is redone
+    first.write_bytes(first.read_bytes()[:-10] + b"x" * 10)  # damaged: refused while the history lists it
+    with pytest.raises(PipelineError, match="unreadable file"):
+        run_local(job, progress=False)
+    job.layout.unlink()  # without the history (`make relayout`), a damaged finished shard is redone
     assert run_local(job, progress=False)["resumed_shards"] == total - 1 and shard_bytes(job) == reference
 
 

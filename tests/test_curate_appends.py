@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -290,3 +291,26 @@ def test_an_image_removed_from_the_source_alone_is_an_exclusion_and_rewrites_not
         "images_removed_from_source": 1, "images_removed": 1, "shards_added": 0, "shards_rewritten": 0,
         "images_appended": 0}
     assert metrics["new_classes"] == 0
+
+
+def test_leakage_and_near_duplicates_pair_new_rows_with_old_ones_by_their_own_label_maps(appended, tmp_path):
+    """A generation-2 val image (class ant, label 0 now) holding the bytes of generation-0 train c2.jpg (class cat:
+    label 0 in its shard's map, 1 now): the pair is found across generations, each side named by its own class."""
+    job, _ = _curate(appended, tmp_path)
+    data = job.parquet.parent
+    label_map = json.loads(job.label_map.read_text(encoding="utf-8"))
+    image = (appended["tree"] / "train/cat/c2.jpg").read_bytes()
+    params = (own_metadata(pq.read_schema(next((data / "parquet/val").glob("*.parquet"))).metadata) or {})
+    schema = shard_schema(label_map, params["convert_params"], "val", curation="overlay", generation=2)
+    row = contract_row(image, "dup.jpg", 0, label_map["classes"][0]["wnid"], label_map["classes"][0]["name"])
+    write_shard(data / "parquet/val/val-g2-h0000000000000000.parquet", schema, 64, iter([row]))
+    manifest = pq.read_table(data / "manifests/val.parquet")
+    entry = {**manifest.slice(0, 1).to_pylist()[0], "wnid": "ant", "name": "dup.jpg", "label": 0, "size": len(image)}
+    pq.write_table(pa.concat_tables([manifest, pa.Table.from_pylist([entry], schema=manifest.schema)]),
+                   data / "manifests/val.parquet")
+    stage.write_overlays(job)
+    report = _validate(job, leakage_max_pairs=5)
+    pairs = [(p["val_name"], p["val_wnid"], p["train_name"], p["train_wnid"], p["cross_class"])
+             for p in report["near_duplicates"]["pairs"]]
+    assert pairs == [("dup.jpg", "ant", "c2.jpg", "cat", True)]
+    assert _failed(report)["leakage"].startswith("1 ")

@@ -20,3 +20,4 @@ PRESCAN = "prescan"  # under paths.work: the archives' tar index made while hash
 BAD_IMAGES = "bad_images.jsonl"  # convert -> validate: quarantined images, under paths.parquet
 REPORT_MD = "schema_report.md"  # validate -> deploy: the reviewer's report, under paths.reports
 CURATION_REPORT = "curation.json"  # curate -> validate: the curation lines applied, under paths.overlay
+LAYOUT_HISTORY = "layout.json"  # convert: the generations of shards per split, under paths.versions (git-tracked)

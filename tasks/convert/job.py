@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.common import SPLITS
+from tasks.common.layout import LAYOUT_HISTORY
 from tasks.common.manifests import manifest_path
 from tasks.common.params import ConvertParams
 from tasks.convert.imaging import Policy
@@ -24,6 +25,7 @@ class Job:
     parquet: Path
     work: Path
     metrics: Path
+    layout: Path  # <paths.versions>/layout.json: the generations of shards (tasks/convert/history.py)
     policy: Policy = field(default_factory=Policy)
     shard_mb: float = 256
     row_group_rows: int = 100
@@ -90,6 +92,7 @@ def job_from_params(params: ConvertParams, paths: Mapping[str, Path], root: str 
         parquet=root / paths["parquet"],
         work=root / paths["work"],
         metrics=root / paths["metrics"] / "convert.json",
+        layout=root / paths["versions"] / LAYOUT_HISTORY,
         policy=policy,
         shard_mb=params.shard_mb,
         row_group_rows=params.row_group_rows,

@@ -58,6 +58,7 @@ class ShardPlan:
     input_bytes: int
     key: str
     stem: str
+    generation: int = 0  # >= 1: appended after the first conversion (tasks/convert/history.py)
 
     @property
     def name(self) -> str:

@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from tasks.common.params import path_key
 from tasks.common.progress import Progress as _Bar
 from tasks.common.shard_writer import write_shard
 from tasks.convert.fingerprint import stored_fingerprint
+from tasks.convert.history import SplitHistory, known_rows, merged, new_rows, read_history, write_history
 from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
@@ -46,32 +47,60 @@ MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # wha
 
 
 def prepare(job: Job) -> list[ShardPlan]:
-    """Validate the inputs, plan every split's shards, and drop files of older plans from the output dirs."""
+    """Validate the inputs, plan the shards to write — every split's, or with a layout history only the images no
+    listed shard holds (tasks/convert/history.py) — and drop files of older plans from the output dirs."""
     label_map = read_label_map(job.label_map)
     wnid_label = {name: label for label, name in enumerate(class_ids(label_map))}  # the manifests' class key
-    base = _base_key(job)
+    history = read_history(job.layout, _identity(job)) or {}
     plans: list[ShardPlan] = []
     for split in job.splits():
         table = _manifest(job.manifest(split))
         check_labels(job.manifest(split), table, wnid_label)
-        rows = ordered(table, job.order)
-        split_plans = plan_split(split, rows, job.target_bytes, base, order=job.order)
-        remove_stale(job.parquet / split, {p.name for p in split_plans})
+        split_plans, listed = _plan(job, split, table, history.get(split))
+        remove_stale(job.parquet / split, {p.name for p in split_plans} | listed)
         remove_stale(
             job.work / "convert" / split,
             {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p))},
         )
-        _write_slices(job, rows, split_plans)
         plans += split_plans
     for split in sorted(set(SPLITS) - set(job.splits())):  # a split no longer in the manifests
         remove_stale(job.parquet / split, set())
-    if not plans:
+    if not job.splits():
         raise PipelineError(
             f"{job.manifests}: expected manifests {[f'{s}.parquet' for s in SPLITS]}, found none; "
             "run the extract stage first (`dvc repro extract`)"
         )
     _check_free_space(job, plans)
     return plans
+
+
+def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -> tuple[list[ShardPlan], set[str]]:
+    """One split's plans and the shard names its history lists: the canonical layout without a history, else the
+    new rows alone as generation g + 1 (none when nothing is new)."""
+    if history is not None and len(history.generations) == 1 and not history.present(job.parquet / split):
+        print(
+            f"convert: {split}: shards of the layout history are missing; it holds the canonical layout only, "
+            "which a convert of the source writes again"
+        )
+        history = None
+    if history is None:
+        rows = ordered(table, job.order)
+        plans = plan_split(split, rows, job.target_bytes, _base_key(job), order=job.order)
+        _write_slices(job, rows, plans)
+        return plans, set()
+    listed = {s["name"] for s in history.shards}
+    fresh = new_rows(table, known_rows(job.parquet / split, history), history.bad_keys())
+    if not fresh.any():
+        return [], listed
+    generation = history.next_generation
+    rows = ordered(table.filter(pa.array(fresh)), job.order)
+    base = f"{_base_key(job)}:g{generation}:{history.digest()}"
+    plans = [
+        replace(p, stem=f"g{generation}-{p.stem}", generation=generation)
+        for p in plan_split(split, rows, job.target_bytes, base, order=job.order)
+    ]
+    _write_slices(job, rows, plans)
+    return plans, listed
 
 
 def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
@@ -83,7 +112,14 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     started = time.perf_counter()
     label_map = read_label_map(job.label_map)
     rows = _rows(job, plan)
-    schema = shard_schema(label_map, job.output_params(), plan.split, fingerprinted=job.fingerprint, curation="overlay")
+    schema = shard_schema(
+        label_map,
+        job.output_params(),
+        plan.split,
+        fingerprinted=job.fingerprint,
+        curation="overlay",
+        generation=plan.generation,
+    )
     tally = _Tally(split=plan.split)
     with disk_errors(shard.parent, shard.name, path_key("parquet"), "finished shards are kept"):  # no partial file
         count, md5 = write_shard(
@@ -95,6 +131,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
         "split": plan.split,
         "count": count,
         "bad": tally.bad,
+        "bad_classes": tally.bad_classes,  # the class id of each bad image (the layout history's identity)
         "input_bytes": plan.input_bytes,
         "image_bytes": tally.image_bytes,
         "file_bytes": shard.stat().st_size,
@@ -108,20 +145,32 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
 
 
 def finalize(job: Job, plans: list[ShardPlan], results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """Write bad_images.jsonl (plan order) and the metrics; fail when bad images exceed max_bad_fraction."""
+    """Write the layout history, bad_images.jsonl (every generation's, in plan order) and the metrics (the whole
+    split: every generation); fail when bad images exceed max_bad_fraction."""
     by_shard = {(r["split"], r["shard"]): r for r in results}
-    ordered = [by_shard[(p.split, p.name)] for p in plans]
-    bad = [record for r in ordered for record in r["bad"]]
+    ordered = [_with_md5(job, p, by_shard[(p.split, p.name)]) for p in plans]
+    history = read_history(job.layout, _identity(job), quiet=True) or {}
+    splits = {split: merged(history.get(split), plans, ordered, split) for split in job.splits()}
+    bad = [b["record"] for gens in splits.values() for g in gens for b in g["bad"]]
     lines = "".join(json.dumps(b, sort_keys=True) + "\n" for b in bad)
     write_text(job.parquet / BAD_IMAGES, lines, path_key("parquet"))
-    metrics = _metrics(ordered)
+    write_history(job.layout, _identity(job), splits)
+    metrics = _metrics(splits)
     write_json(job.metrics, metrics, path_key("metrics"))  # DVC-hashed (dvc.lock): counts only, same inputs same bytes
     timings = _timings(ordered, seconds)  # vary run to run: scratch, not tracked
     write_json(job.work / "logs" / "convert.json", timings, path_key("work"))
     print(f"convert: {timings['seconds']:.1f} s, {timings['images_per_s']} img/s, {timings['mb_per_s']} MB/s")
     _check_bad_fraction(job, metrics)
-    state_put((job.shard_path(p), r["md5"], r["stat"]) for p, r in zip(plans, ordered, strict=True) if "md5" in r)
+    state_put((job.shard_path(p), r["md5"], r["stat"]) for p, r in zip(plans, ordered, strict=True) if "stat" in r)
     return {**metrics, **timings}
+
+
+def _with_md5(job: Job, plan: ShardPlan, result: dict[str, Any]) -> dict[str, Any]:
+    """A shard's result with its md5 (stats of an older run may lack it: the file is hashed then)."""
+    if "md5" in result:
+        return result
+    with open(job.shard_path(plan), "rb") as fh:
+        return {**result, "md5": hashlib.file_digest(fh, "md5").hexdigest()}
 
 
 class Progress:
@@ -147,6 +196,7 @@ class _Tally:
     split: str
     image_bytes: int = 0
     bad: list[dict[str, str]] = field(default_factory=list)
+    bad_classes: list[str] = field(default_factory=list)
 
 
 def _label_columns(label_map: dict[str, Any]) -> list[tuple[str | None, str]]:
@@ -175,6 +225,7 @@ def _encoded_rows(
                             "reason": str(err),
                         }
                     )
+                    tally.bad_classes.append(row["wnid"])
                     continue
                 tally.image_bytes += len(enc.data)
                 yield _shard_row(row, enc, phash, names)
@@ -231,14 +282,26 @@ def _rows(job: Job, plan: ShardPlan) -> list[dict[str, Any]]:
 def _base_key(job: Job) -> str:
     """Identity of the inputs all shards share and the output-relevant params (each shard's key adds its own
     manifest rows: a shard whose rows did not change is kept); a shard finished under another key is redone."""
-    identity = {
-        "label_map": _digest(job.label_map),
+    return _sha256({"label_map": _digest(job.label_map), **_output_identity(job)})
+
+
+def _identity(job: Job) -> str:
+    """What the shards of every generation share (not the label map, which an appended generation may change): a
+    layout history written under another identity is dropped."""
+    return _sha256(_output_identity(job))
+
+
+def _output_identity(job: Job) -> dict[str, Any]:
+    return {
         "params": job.output_params(),
         "format": FORMAT_VERSION,
         "fingerprint_algorithm": FINGERPRINT_ALGORITHM,  # new bits for the same bytes: every shard redone
         "pyarrow": pa.__version__,
         "pillow": PIL.__version__,
     }
+
+
+def _sha256(identity: dict[str, Any]) -> str:
     return hashlib.sha256(dumps_json(identity).encode()).hexdigest()
 
 
@@ -247,21 +310,25 @@ def _digest(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
-    splits: dict[str, dict[str, int]] = {}
-    for r in results:
-        s = splits.setdefault(
-            r["split"], {"rows": 0, "bad_images": 0, "shards": 0, "image_bytes": 0, "file_bytes": 0, "input_bytes": 0}
-        )
-        s["rows"] += r["count"]
-        s["bad_images"] += len(r["bad"])
-        s["shards"] += 1
-        for key in ("image_bytes", "file_bytes", "input_bytes"):
-            s[key] += r[key]
+def _metrics(splits: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per split its rows, bad images, shards and bytes over every generation (and how many generations, when
+    images were appended)."""
+    out: dict[str, dict[str, int]] = {}
+    for split, generations in splits.items():
+        shards = [s for g in generations for s in g["shards"]]
+        out[split] = {
+            "rows": sum(s["rows"] for s in shards),
+            "bad_images": sum(len(g["bad"]) for g in generations),
+            "shards": len(shards),
+            **{key: sum(s[key] for s in shards) for key in ("image_bytes", "file_bytes", "input_bytes")},
+        }
+        if len(generations) > 1:
+            out[split]["generations"] = len(generations)
+            out[split]["appended_rows"] = sum(s["rows"] for g in generations[1:] for s in g["shards"])
     return {
-        "splits": splits,
-        "rows": sum(s["rows"] for s in splits.values()),
-        "bad_images": sum(s["bad_images"] for s in splits.values()),
+        "splits": out,
+        "rows": sum(s["rows"] for s in out.values()),
+        "bad_images": sum(s["bad_images"] for s in out.values()),
     }
 
 

@@ -2,11 +2,12 @@
 tasks/common/generations.py).
 
 `shard_sources` reads each shard's generation and label map (from the footers read once). When every shard is of
-generation 0 with label_map.json's label map (`mixed` False), validate runs as it always did. Otherwise
-(`mixed`): each shard's metadata is checked against its own label map, every row gets its class id from its own
-shard's map and its label as converted renumbered into label_map.json's (`to_current`; -1: a class the current map
-no longer has), and the rows the source holds now (`live`: the newest row of each identity, listed in the
-manifest) are the ones checked against the manifests — the others must be excluded by the overlay (format 2)."""
+generation 0 and every overlay format 1 (`mixed` False), validate runs as it always did. Otherwise (`mixed`: an
+appended shard, or a format-2 overlay — other label maps, images removed from the source): each shard's metadata
+is checked against its own label map, every row gets its class id from its own shard's map and its label as
+converted renumbered into label_map.json's (`to_current`; -1: a class the current map no longer has), and the
+rows the source holds now (`live`: the newest row of each identity, listed in the manifest) are the ones checked
+against the manifests — the others must be excluded by the overlay (format 2)."""
 
 from __future__ import annotations
 

@@ -226,6 +226,7 @@ def convert(
         parquet=out,
         work=work / "convert-work" / name,
         metrics=work / "convert-work" / name / "convert.json",
+        layout=work / "convert-work" / name / "layout.json",
         policy=policy,
         shard_mb=cfg.shard_mb,
         row_group_rows=row_group_rows or cfg.row_group_rows,

@@ -114,7 +114,8 @@ def cmd_appends(args: argparse.Namespace) -> None:
         for path in gone:
             path.unlink()
         rows.append(change(project, env, f"-{len(gone)} images removed from the source", ["dvc", "repro"]))
-    (base / "results.json").write_text(json.dumps({"v0": v0, "rows": rows}, indent=1))
+        relayout = compare_relayout(project, env, base, args.rounds)
+    (base / "results.json").write_text(json.dumps({"v0": v0, "rows": rows, "relayout": relayout}, indent=1))
     print(
         f"\nbench_versions appends: {args.images} images, folder mode, hashed order, shard_mb {args.shard_mb}; "
         f"each change on top of the previous version: `dvc repro`, commit, `dvc push` (v0 {v0[1]:.0f} CPU s)"
@@ -129,6 +130,47 @@ def cmd_appends(args: argparse.Namespace) -> None:
             f"{sum(r['added'].values())} | {r['added_mb']:.2f} | {r['cache_mb']:.2f} | "
             f"{100 * r['new_share']:.2f} % of {r['dataset_mb']:.0f} MB | {r['cpu_s']:.1f} |"
         )
+    print_relayout(relayout)
+
+
+def compare_relayout(project: Path, env: dict[str, str], base: Path, rounds: int) -> dict[str, Any]:
+    """The appended layout (a copy of its shards and overlay) against `make relayout` of the same source: shards,
+    bytes, and the iterable reader's decoded img per CPU-second in alternating rounds; relayout's CPU and bytes."""
+    from imagenet_parquet import ParquetIterableDataset
+
+    side = base / "appended"
+    shutil.rmtree(side, ignore_errors=True)
+    for name in ("parquet", "overlay"):
+        shutil.copytree(project / "data" / name, side / name)
+    cache = size_of(project / ".dvc/cache")
+    run(["python", "-m", "tasks.convert.history", "discard"], project, env)
+    wall, cpu = timed(["dvc", "repro"], project, env)
+    commit_push(project, env, "relayout")
+    rates: dict[str, list[float]] = {"appended": [], "relayout": []}
+    roots = {"appended": side / "parquet", "relayout": project / "data/parquet"}
+    for _ in range(rounds):
+        for name, root in roots.items():
+            rates[name].append(throughput(lambda root=root: ParquetIterableDataset(root, "train")))
+    return {
+        "shards": {name: len(list(root.glob("*/*.parquet"))) for name, root in roots.items()},
+        "appended_shards": len(list((side / "parquet").glob("*/*-g*-*.parquet"))),
+        "bytes": {name: size_of(root) for name, root in roots.items()},
+        "relayout_cpu_s": cpu,
+        "relayout_wall_s": wall,
+        "relayout_cache_mb": (size_of(project / ".dvc/cache") - cache) / 1e6,
+        "img_per_cpu_s": {k: statistics.median(v) for k, v in rates.items()},
+    }
+
+
+def print_relayout(r: dict[str, Any]) -> None:
+    rate, mb = r["img_per_cpu_s"], {k: v / 1e6 for k, v in r["bytes"].items()}
+    print(
+        f"\nappended layout vs `make relayout` of the same source: shards {r['shards']['appended']} "
+        f"({r['appended_shards']} appended) vs {r['shards']['relayout']}; MB {mb['appended']:.1f} vs "
+        f"{mb['relayout']:.1f}; iterable reader img per CPU-s (decode, median) {rate['appended']:.0f} vs "
+        f"{rate['relayout']:.0f} = {rate['appended'] / rate['relayout']:.3f}; relayout {r['relayout_cpu_s']:.0f} "
+        f"CPU s, {r['relayout_cache_mb']:.1f} MB new in the DVC cache"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ scale
@@ -213,7 +255,7 @@ def cmd_view(args: argparse.Namespace) -> None:
     whole, own = project / "data/parquet", dedicated / "data/parquet"
     kept = kept_image_bytes(whole, "train", "imagenet100")
     images, read = epoch_bytes(lambda: ParquetIterableDataset(whole, "train", view="imagenet100", decode=False))
-    rounds = {"view": [], "dedicated": []}
+    rounds: dict[str, list[float]] = {"view": [], "dedicated": []}
     for _ in range(args.rounds):
         rounds["view"].append(throughput(lambda: ParquetIterableDataset(whole, "train", view="imagenet100")))
         rounds["dedicated"].append(throughput(lambda: ParquetIterableDataset(own, "train")))

@@ -146,7 +146,9 @@ class PathsParams(Section):
     work: ProjectPath = Field(description="a directory: scratch space, resume state (not tracked)")
     metrics: ProjectPath = Field(description="a directory: DVC metrics JSON per stage")
     reports: ProjectPath = Field(description="a directory: reports (validate)")
-    versions: ProjectPath = Field(description="a directory tracked in git: the version index (validate)")
+    versions: ProjectPath = Field(
+        description="a directory tracked in git: the version index (validate) and the layout history (convert)"
+    )
     overlay: ProjectPath = Field(
         description="a directory: the curation overlay per split (curate); beside parquet, named overlay"
     )

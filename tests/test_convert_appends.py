@@ -107,3 +107,20 @@ def test_a_missing_appended_shard_is_refused_a_canonical_history_is_rewritten_an
     (root / "versions/layout.json").write_text("{not json")
     with pytest.raises(PipelineError, match=r"layout.json: expected the layout history .*make relayout"):
         run_local(make_job(root, **PARAMS), progress=False)
+
+
+def test_an_append_killed_before_its_history_is_written_resumes_to_the_same_bytes(tmp_path):
+    from tasks.convert.stage import convert_shard, prepare
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    for root in (whole, killed):
+        _convert(root, _v0())
+    _convert(whole, _v1())
+    flat_dataset(killed, _v1())
+    job = make_job(killed, **PARAMS)
+    plans = prepare(job)
+    assert len(plans) >= 2 and all(p.generation == 1 for p in plans)
+    convert_shard(job, plans[0])  # killed after one appended shard: no history entry for it yet
+    metrics = run_local(job, progress=False)
+    assert metrics["resumed_shards"] == 1 and shard_bytes(job) == shard_bytes(make_job(whole))
+    assert (killed / "versions/layout.json").read_bytes() == (whole / "versions/layout.json").read_bytes()

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.common import ARCHIVES, DATA_DIR, PipelineError
+from tasks.common.class_lists import read_class_list
 from tasks.common.manifests import MANIFEST_SCHEMA
 from tasks.common.synsets import shipped_synsets
 from tasks.extract import classes as labels
@@ -244,9 +245,9 @@ def test_real_val_ground_truth_csv_and_cmc_list(shared_data):
     synsets = shipped_synsets()
     assert len(mapping) == 50_000 and set(mapping.values()) == set(synsets)
     assert sorted(mapping)[0] == "ILSVRC2012_val_00000001.JPEG"
-    cmc = labels.read_class_list(shared_data / "imagenet" / "imagenet100_cmc.txt")
+    cmc = read_class_list(shared_data / "imagenet" / "imagenet100_cmc.txt")
     assert len(cmc) == 100 and set(cmc) <= set(synsets)
-    assert cmc == labels.read_class_list("imagenet100")  # the shipped copy = the shared facts
+    assert cmc == read_class_list("imagenet100")  # the shipped copy = the shared facts
 
 
 def test_class_tars_in_a_subfolder_of_the_train_archive(tmp_path):

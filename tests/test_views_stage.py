@@ -189,7 +189,8 @@ def test_two_runs_are_byte_identical_and_a_removed_view_is_gone(sample, tmp_path
     ({"where": [{"column": "width", "min": 100_000}]},
      (r"params.yaml views.bad: expected rows of train in the view, found none \(rows left after each step: curated "
      r"199, classes 199, where\[0\] 0\); widen its classes or where")),
-    ({"classes": "curation/missing.txt"}, r"views.bad.classes: expected all \| imagenet100, a file of class ids"),
+    ({"classes": "curation/missing.txt"}, r"views.bad.classes: expected all, imagenet100 or a file of class names, "
+     r"found .curation/missing.txt. \(no such file\)"),
 ])
 def test_a_bad_view_fails_naming_its_key_and_writes_nothing(sample, tmp_path, change, message):
     root, _, _ = sample

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from tasks.common import ARCHIVES, SPLITS, PipelineError, atomic_path, write_json
 from tasks.common.archive21k import LAYOUT_KEY, layout
 from tasks.common.archive_pass import entries_table, load_prescan
+from tasks.common.class_lists import read_class_list
 from tasks.common.layout import EXTRACT_REPORT, PRESCAN
 from tasks.common.manifests import MANIFEST_SCHEMA, dictionary_columns, read_columns
 from tasks.common.params import HoldoutParams, Project
@@ -69,7 +70,7 @@ def job_from_params(project: Project) -> ExtractJob:
         log.warning("extract.materialize ignored in %s mode (written for ILSVRC2012's archives only)", params.mode)
     # checked before any scan: ILSVRC2012's classes (archives), a supplied table, or none yet (a folder tree)
     known = shipped_catalog() if archives else labels.catalog_of(params.catalog, project.root)
-    labels.read_class_list(params.classes, project.root, known)
+    read_class_list(params.classes, project.root, known)
     return ExtractJob(
         params.mode,
         _inputs(project),
@@ -221,7 +222,7 @@ def finalize(
     if holdout is not None:
         tables["train"], tables["val"], held = split_holdout(tables["train"], holdout, by_class=mode == "folder")
     tables, known, label_source = _label(tables, where, mode, val_labels, devkit_path, Path(root), catalog)
-    subset = labels.read_class_list(classes, Path(root))
+    subset = read_class_list(classes, Path(root))
     found = {split: set(table.column("wnid").unique().to_pylist()) for split, table in tables.items()}
     keep = _select(found, where, known, subset, held is not None)
     label_map = labels.label_map(keep, known, label_source)

@@ -14,11 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from imagenet_parquet.format import FIELDS, FINGERPRINT_COLUMN
-from tasks.common import DATA_DIR, PipelineError
-from tasks.common.params import CLASS_SUBSETS, ViewCondition, ViewSpec, resolve_path
+from tasks.common import PipelineError
+from tasks.common.class_lists import SUBSETS, read_class_list
+from tasks.common.params import ViewCondition, ViewSpec, resolve_path
 
-# The lists `classes: <name>` stands for: the same file extract.classes: imagenet100 reads (tasks/extract/classes.py)
-SUBSET_FILES = {"imagenet100": DATA_DIR / "imagenet100_cmc.txt"}
 PATH_COLUMN = "path"  # the image name: the shards' `image.path`
 CLASS_COLUMNS = ("label", "wnid", "label_name")  # derived from the curated label, not the label as converted
 COLUMN_TYPES: dict[str, pa.DataType] = {
@@ -89,29 +88,15 @@ class ClassList:
 
 
 def read_classes(name: str, spec: ViewSpec, root: Path) -> ClassList:
-    """The class ids a view asks for, read now (a bad file fails before any shard is read)."""
+    """The class ids a view asks for, read now by the rule of every class list (tasks/common/class_lists.py: the
+    same file `extract.classes: imagenet100` reads); a bad file fails before any shard is read."""
     where = key(name, "classes")
     if isinstance(spec.classes, list):
         return ClassList(sorted(spec.classes), f"params.yaml {where}")
-    if spec.classes == CLASS_SUBSETS[0]:
+    ids = read_class_list(spec.classes, root, key=where)
+    if ids is None:
         return ClassList(None, f"params.yaml {where}")
-    path = SUBSET_FILES.get(spec.classes) or resolve_path(root, spec.classes)
-    if not path.is_file():
-        raise PipelineError(
-            f"params.yaml {where}: expected {' | '.join(CLASS_SUBSETS)}, a file of class ids or a list, found "
-            f"{spec.classes!r} (no such file {path}); fix the view"
-        )
-    ids: list[str] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        text = line.split(" #", 1)[0].strip()
-        if not text or text.startswith("#"):
-            continue
-        if text in ids:
-            raise PipelineError(f"{path}:{number}: expected each class once, found {text!r} again; fix the list")
-        ids.append(text)
-    if not ids:
-        raise PipelineError(f"{path}: expected at least one class id (params.yaml {where}), found none; fix the list")
-    return ClassList(sorted(ids), str(path))
+    return ClassList(ids, str(SUBSETS.get(spec.classes) or resolve_path(root, spec.classes)))
 
 
 def resolve_classes(name: str, wanted: ClassList, ids: list[str]) -> list[int]:

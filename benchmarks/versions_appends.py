@@ -293,7 +293,7 @@ def append_mix(
     from imagenet_parquet import ParquetIterableDataset
 
     rows = args.classes * args.train_per_class
-    items, _ = class_items(wnid, {"train": max(1, rows // 100)}, serial + 10_000)
+    items, _ = class_items(wnid, {"train": max(1, rows // 100), "val": args.val_per_class}, serial + 10_000)
     (tree.parent / "tree.done").unlink()  # the tree changes from here on: rebuilt next run
     write_images(tree, items, args.variants)
     with prefect_server(project.parent / "prefect-mix.log") as env["PREFECT_API_URL"]:
@@ -309,7 +309,7 @@ def append_mix(
     counts = np.bincount(labels)
     e_with, e_without = expected_distinct(counts[counts > 0], 256)
     return {
-        "appended": len(items),
+        "appended": max(1, rows // 100),
         "rows": len(labels),
         "mean": float(np.mean(distinct)),
         "p5": float(np.percentile(distinct, 5)),

@@ -17,7 +17,7 @@ KEY = "progress-convert"
 
 
 def _project(root: Path) -> Path:
-    flat_dataset(root, [("n0%d" % (i % 3), f"img{i:03d}.JPEG", noisy_jpeg(i)) for i in range(24)])
+    flat_dataset(root, [(f"n0{i % 3}", f"img{i:03d}.JPEG", noisy_jpeg(i)) for i in range(24)])
     return write_params(root, convert={"shard_mb": 0.03, "row_group_rows": 5, "workers": 1, "task_runner": "local"})
 
 
@@ -95,5 +95,5 @@ def test_an_api_error_is_logged_once_and_never_fails_the_step(monkeypatch, caplo
             bar.update(1)
     assert bar.done == 10 and bar.ui is None
     warnings = [r.getMessage() for r in caplog.records if r.name == progress.__name__]
-    assert warnings == ["progress-validate: the Prefect progress artifact is not updated any more (503 Service "
-                        "Unavailable)"], warnings
+    expected = "progress-validate: the Prefect progress artifact is not updated any more (503 Service Unavailable)"
+    assert warnings == [expected], warnings

@@ -94,7 +94,8 @@ class _UiArtifact:
 
 
 class Progress:
-    """`with Progress(total, "md5 x.tar") as bar: bar.update(n)`; `enabled=False` shows nothing."""
+    """`with Progress(total, "md5 x.tar") as bar: bar.update(n)`; `enabled=False` shows nothing. `total` 0: not
+    known yet (`set_total` when it is); `initial`: already done before this run (a resumed download)."""
 
     def __init__(
         self,
@@ -104,20 +105,17 @@ class Progress:
         enabled: bool = True,
         stream: IO[str] | None = None,
         every_s: float | None = None,
+        initial: float = 0.0,
     ) -> None:
-        self.total, self.desc, self.unit, self.done = total, desc, unit, 0.0
+        self.total, self.desc, self.unit, self.done, self.initial = total, desc, unit, initial, initial
         self.stream = stream or sys.stderr
         self.every = _every() if every_s is None else every_s
         self.started = self.last = time.monotonic()
         self.printed = False
-        self.bar: Any = None
         self.enabled, self.postfix = enabled, ""
         self.ui = _UiArtifact(desc) if enabled else None
-        if enabled and _is_terminal(self.stream):
-            binary = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {"unit_scale": True}
-            self.bar = tqdm(
-                total=total, desc=desc, unit=unit, file=self.stream, leave=False, dynamic_ncols=True, **binary
-            )
+        terminal = enabled and _is_terminal(self.stream)
+        self.bar: Any = _tqdm(total, desc, unit, self.stream, initial) if terminal else None
 
     def __enter__(self) -> Progress:
         return self
@@ -138,15 +136,29 @@ class Progress:
             print(self.text(), file=self.stream, flush=True)
             self.last, self.printed = time.monotonic(), True
 
+    def set_total(self, total: float, restart: bool = False) -> None:
+        """The total, once known; `restart`: from 0 again (a download the server would not resume)."""
+        self.total = total
+        if restart:
+            self.done = self.initial = 0.0
+            self.started = time.monotonic()
+        if self.bar is not None:
+            if restart:
+                self.bar.initial = 0  # tqdm's rate counts from `initial`
+                self.bar.reset(total or None)
+            else:
+                self.bar.total = total or None
+            self.bar.refresh()
+
     def percent(self) -> float:
-        return min(100.0, 100 * self.done / self.total) if self.total else 100.0
+        return min(100.0, 100 * self.done / self.total) if self.total else 0.0
 
     def text(self) -> str:
         """The progress line: done / total (percent), rate, ETA, and the latest postfix."""
-        rate = self.done / max(time.monotonic() - self.started, 1e-9)
-        parts = [f"{_amount(self.done, self.unit)} / {_amount(self.total, self.unit)}"]
+        rate = (self.done - self.initial) / max(time.monotonic() - self.started, 1e-9)
+        parts = [_amount(self.done, self.unit)]
         if self.total:
-            parts[0] += f" ({100 * self.done / self.total:.1f} %)"
+            parts[0] += f" / {_amount(self.total, self.unit)} ({100 * self.done / self.total:.1f} %)"
         parts.append(f"{_amount(rate, self.unit, digits=1)}/s")
         if rate > 0 and self.total > self.done:
             parts.append(f"ETA {_duration((self.total - self.done) / rate)}")
@@ -156,8 +168,10 @@ class Progress:
 
     def close(self) -> None:
         if self.ui is not None:
-            ended = self._summary() if self.done >= self.total else self.text()  # else it stopped early (an error)
-            self.ui.send(self.percent(), ended)
+            if self.done >= self.total:
+                self.ui.send(100.0, self._summary())
+            else:  # it stopped early (an error): where
+                self.ui.send(self.percent(), self.text())
             self.ui = None
         if self.bar is not None:
             self.bar.close()
@@ -168,6 +182,12 @@ class Progress:
 
     def _summary(self) -> str:
         return f"{self.desc}: done, {_amount(self.done, self.unit)} in {_duration(time.monotonic() - self.started)}"
+
+
+def _tqdm(total: float, desc: str, unit: str, stream: IO[str], initial: float) -> Any:
+    scale = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {"unit_scale": True}
+    opts = {"initial": initial, "desc": desc, "unit": unit, "file": stream, "leave": False, "dynamic_ncols": True}
+    return tqdm(total=total or None, **opts, **scale)
 
 
 def _is_terminal(stream: IO[str]) -> bool:

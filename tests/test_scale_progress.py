@@ -59,3 +59,18 @@ def test_md5_and_tar_scans_report_progress_in_ci_logs(tmp_path, monkeypatch, cap
     assert re.search(r"^md5 blob\.bin: .* \(\d+\.\d %\)", err, re.M), err
     assert "md5 blob.bin: done, 10.2MB in" in err
     assert "tar scan val.tar: done" in err and "tar scan train.tar: done" in err, err
+
+
+def test_a_download_of_unknown_size_then_resumed_and_restarted():
+    out = io.StringIO()
+    with Progress(0, "download val.tar", stream=out, every_s=0, initial=3_000_000) as bar:
+        bar.update(1_000_000)  # size not known yet: no percent, no ETA
+        bar.set_total(8_000_000)
+        bar.update(1_000_000)
+        bar.set_total(8_000_000, restart=True)  # the server ignored Range
+        bar.update(8_000_000)
+    lines = out.getvalue().splitlines()
+    assert re.fullmatch(r"download val\.tar: 4\.00MB, .*B/s", lines[0]), lines[0]
+    assert re.fullmatch(r"download val\.tar: 5\.00MB / 8\.00MB \(62\.5 %\), .*B/s, ETA .*", lines[1]), lines[1]
+    assert lines[2].startswith("download val.tar: 8.00MB / 8.00MB (100.0 %)") and bar.percent() == 100
+    assert lines[-1].startswith("download val.tar: done, 8.00MB in ")

@@ -34,6 +34,8 @@ def test_flow_writes_reports_and_keyed_artifacts(prefect_api, tmp_path):
 
     found = artifacts(state.state_details.flow_run_id)
     assert set(ARTIFACT_KEYS.values()) <= set(found)
+    ui = found["progress-validate"]  # the scan's progress in the UI, at 100 % once the run ended
+    assert ui.type == "progress" and ui.data == 100 and ui.description.startswith("validate: done, 18 img in ")
     report = found[ARTIFACT_KEYS["report"]]
     assert report.type == "markdown" and report.data == (reports / "schema_report.md").read_text()
     splits = found[ARTIFACT_KEYS["splits"]]

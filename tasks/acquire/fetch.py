@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from tqdm import tqdm
 
 from tasks.acquire.remote import (
     FetchOptions,
@@ -39,6 +38,7 @@ from tasks.acquire.remote import (
 )
 from tasks.common import PipelineError
 from tasks.common.archive_pass import StreamIndex
+from tasks.common.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def _open_part(held: _Held) -> io.FileIO:
         raise _write_error(held.part, err) from None
 
 
-def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm, expected: int | None = None) -> None:
+def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: Progress, expected: int | None = None) -> None:
     """One request: append what arrives to `.part` (unbuffered, so a write error surfaces at once). `expected`
     (HEAD's size) stands in when the response does not say how many bytes it holds."""
     start, total, chunks, closable = open_stream(held.size)
@@ -133,10 +133,9 @@ def _attempt(open_stream: Callable[[int], Stream], held: _Held, bar: tqdm, expec
     with closable:
         if start != held.size:  # the server ignored Range: start over
             held.restart()
-            bar.reset(total)
+            bar.set_total(total or 0, restart=True)
         if total is not None and bar.total != total:  # known size: the bar shows percent and ETA
-            bar.total = total
-            bar.refresh()
+            bar.set_total(total)
         with _open_part(held) as fh, _BackgroundMd5(held.digest) as md5:
             for block in chunks:
                 _append(fh, block, held.part)
@@ -158,15 +157,7 @@ def resumable_download(
     expected = size
     if expected is None and opener is http_stream:  # fsspec always knows the size
         expected = remote_size(source, opts)
-    with tqdm(
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        initial=held.size,
-        desc=dest.name,
-        disable=not opts.progress,
-        mininterval=1.0,
-    ) as bar:
+    with Progress(expected or 0, f"download {dest.name}", enabled=opts.progress, initial=held.size) as bar:
         for attempt in range(opts.retries + 1):
             try:
                 _attempt(lambda offset: opener(source, offset, opts), held, bar, expected)

@@ -45,6 +45,7 @@ UNCOMPRESSED_COLUMNS = ["image.bytes"]
 SMALL_COLUMNS = ["image.path", *COLUMNS[1:]]
 METADATA_KEY = b"imagenet_parquet"
 HF_METADATA_KEY = b"huggingface"
+LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # the metadata a shard's label map (and generation) is read from
 CLASS_FIELDS = "class_fields"  # label_map: one list per class field, no names (stored_label_map)
 IMAGE_INDEX_KEY = "imagenet_parquet.image_offsets"  # per-row (offset, size) of image.bytes, in the footer
 # Every `transform` value is `none` or these steps joined by `+`.

@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .format import (
-    HF_METADATA_KEY,
-    METADATA_KEY,
+    LABEL_MAP_KEYS,
     FormatError,
     label_map_from_metadata,
     own_label_map,
@@ -124,9 +123,6 @@ def read_footers(files: Sequence[Path]) -> tuple[list[pq.FileMetaData], list[str
     return metas, digests
 
 
-_LABEL_MAP_KEYS = (METADATA_KEY, HF_METADATA_KEY)  # where a shard's label map is read from
-
-
 def label_maps_of(
     files: Sequence[Path], metadata: Sequence[pq.FileMetaData], own_only: bool
 ) -> tuple[list[dict[str, Any]], list[int]]:
@@ -136,7 +132,7 @@ def label_maps_of(
     map_of: list[int] = []
     parsed: dict[tuple[bytes | None, ...], int] = {}  # one parse per distinct metadata value
     for path, meta in zip(files, metadata, strict=True):
-        raw = tuple((meta.metadata or {}).get(key) for key in _LABEL_MAP_KEYS)
+        raw = tuple((meta.metadata or {}).get(key) for key in LABEL_MAP_KEYS)
         if raw not in parsed:  # 19,000 classes: ~1 MB of JSON a shard, the same in every shard of a split
             this = own_label_map(meta.metadata, path) if own_only else label_map_from_metadata(meta.metadata, path)
             same = next((i for i, m in enumerate(maps) if m == this), None)

@@ -25,6 +25,7 @@ from imagenet_parquet.partition import epoch_order, rank_positions
 from imagenet_parquet.tables import curated_sql, read_curated
 from tasks.common.shard_writer import write_shard
 from tests.helpers.datasets import contract_row
+from tests.helpers.http_remote import _put as put  # a DVC 3 object written as `dvc push` writes it
 from tests.helpers.images import indexed_jpeg
 
 PARAMS = {"policy": "passthrough"}
@@ -73,14 +74,6 @@ def sha_rows(files: list[Path]) -> dict[str, int]:
 
 def samples(items, rows: dict[str, int]) -> list[tuple[int, int]]:
     return [(rows[hashlib.sha256(data).hexdigest()], int(label)) for data, label in items]
-
-
-def put(store: Path, data: bytes) -> str:
-    md5 = hashlib.md5(data).hexdigest()
-    obj = store / "files" / "md5" / md5[:2] / md5[2:]
-    obj.parent.mkdir(parents=True, exist_ok=True)
-    obj.write_bytes(data)
-    return md5
 
 
 def publish(repo: Path, remote: Path, outs: list[str]) -> None:

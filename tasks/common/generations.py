@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from imagenet_parquet.format import class_ids, label_map_from_metadata, shard_generation
+from imagenet_parquet.format import LABEL_MAP_KEYS, class_ids, label_map_from_metadata, shard_generation
 
 REMOVED, REPLACED = "removed from source", "replaced by a newer version"  # the overlay's exclusion reasons
 
@@ -36,7 +36,7 @@ def shard_classes(
     """The generation and label map a shard's footer metadata records (FormatError when it has no label map).
     `seen`: the answers for metadata met before (a split's shards share a few: at 19,000 classes a label map is
     ~0.7 MB of JSON per footer, parsed once)."""
-    key = tuple(sorted((meta or {}).items()))
+    key = tuple((meta or {}).get(name) for name in LABEL_MAP_KEYS)  # not the per-shard byte index: shared by shards
     if seen is not None and key in seen:
         return seen[key]
     label_map = label_map_from_metadata(meta, where)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from imagenet_parquet.format import decode_image_index
 from tasks.common import PipelineError, dumps_json, write_json
-from tasks.common.generations import coded_ids, identity_keys, shard_classes
+from tasks.common.generations import coded_ids, identity_keys, newest_rows, shard_classes
 from tasks.common.layout import LAYOUT_HISTORY
 from tasks.common.params import path_key
 
@@ -59,10 +59,7 @@ class SplitHistory:
 
     def present(self, directory: Path) -> bool:
         """Every listed shard is in `directory` with its listed size."""
-        return all(
-            (directory / s["name"]).is_file() and (directory / s["name"]).stat().st_size == s["file_bytes"]
-            for s in self.shards
-        )
+        return all(_found_size(directory, s) == s["file_bytes"] for s in self.shards)
 
     def bad_keys(self) -> list[tuple[str, str]]:
         return [(str(b["class"]), str(b["record"]["name"])) for g in self.generations for b in g["bad"]]
@@ -112,8 +109,8 @@ def write_history(path: Path, identity: str, splits: dict[str, list[dict[str, An
 
 @dataclass(frozen=True)
 class KnownRows:
-    """Every row the history's shards hold, newest generation first: identity key, stored image size, and whether
-    it was stored as found (transform `none`: its size is the source's)."""
+    """The rows the history's shards hold, one per identity: key, stored image size, and whether it was stored as
+    found (transform `none`: its size is the source's)."""
 
     keys: pa.Array
     sizes: np.ndarray
@@ -121,10 +118,11 @@ class KnownRows:
 
 
 def known_rows(directory: Path, history: SplitHistory) -> KnownRows:
-    """The rows of every listed shard in `directory`, from the footer and three small columns (no image byte)."""
-    keys, sizes, plain = [], [], []
+    """The newest row of every identity the listed shards in `directory` hold (`newest_rows`, as curate judges
+    them), from the footer and three small columns (no image byte)."""
+    keys, sizes, plain, generations = [], [], [], []
     seen: dict[Any, Any] = {}
-    for gen in reversed(history.generations):
+    for gen in history.generations:
         for shard in gen["shards"]:
             path = _listed(directory, shard, int(gen["generation"]))
             try:
@@ -138,9 +136,14 @@ def known_rows(directory: Path, history: SplitHistory) -> KnownRows:
             keys.append(key)
             sizes.append(size)
             plain.append(flat)
+            generations.append(np.full(len(key), int(gen["generation"]), dtype=np.int64))
     if not keys:
         return KnownRows(pa.array([], pa.string()), np.zeros(0, np.int64), np.zeros(0, bool))
-    return KnownRows(pa.concat_arrays(keys), np.concatenate(sizes), np.concatenate(plain))
+    known = KnownRows(pa.concat_arrays(keys), np.concatenate(sizes), np.concatenate(plain))
+    newest = newest_rows(known.keys, np.concatenate(generations))
+    if newest is None:
+        return known
+    return KnownRows(known.keys.filter(pa.array(newest)), known.sizes[newest], known.plain[newest])
 
 
 def _shard_rows(path: Path, seen: dict[Any, Any]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
@@ -158,7 +161,7 @@ def _shard_rows(path: Path, seen: dict[Any, Any]) -> tuple[pa.Array, np.ndarray,
 
 def _listed(directory: Path, shard: dict[str, Any], generation: int) -> Path:
     path = directory / str(shard["name"])
-    found = path.stat().st_size if path.is_file() else None
+    found = _found_size(directory, shard)
     if found != shard["file_bytes"]:
         raise PipelineError(
             f"{path}: expected the shard of generation {generation} that {LAYOUT_HISTORY} lists "
@@ -169,11 +172,28 @@ def _listed(directory: Path, shard: dict[str, Any], generation: int) -> Path:
     return path
 
 
+def _found_size(directory: Path, shard: dict[str, Any]) -> int | None:
+    path = directory / str(shard["name"])
+    return path.stat().st_size if path.is_file() else None
+
+
+def usable(history: SplitHistory | None, directory: Path, split: str) -> SplitHistory | None:
+    """`history` to append to, or None for a canonical convert: a history of generation 0 alone whose shards are
+    not all here holds only what a convert of the source writes again (a fresh clone, `make clean`, a crash)."""
+    if history is None or len(history.generations) > 1 or history.present(directory):
+        return history
+    print(
+        f"convert: {split}: shards of the layout history are missing; it holds the canonical layout only, "
+        "which a convert of the source writes again"
+    )
+    return None
+
+
 def new_rows(manifest: pa.Table, known: KnownRows, bad: list[tuple[str, str]]) -> np.ndarray:
     """True for every manifest row (wnid, name, size) no listed shard holds as it is now: an identity never
     converted (nor quarantined), or a pass-through row whose stored size differs from the source's (modified)."""
     keys = identity_keys(manifest.column("wnid").combine_chunks(), manifest.column("name").combine_chunks())
-    where = pc.index_in(keys, value_set=known.keys).to_numpy(zero_copy_only=False)  # the newest row: listed first
+    where = pc.index_in(keys, value_set=known.keys).to_numpy(zero_copy_only=False)
     found = ~np.isnan(where)
     rows = where[found].astype(np.int64)
     sizes = manifest.column("size").to_numpy()[found]

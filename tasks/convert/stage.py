@@ -36,7 +36,7 @@ from tasks.common.params import path_key
 from tasks.common.progress import Progress as _Bar
 from tasks.common.shard_writer import write_shard
 from tasks.convert.fingerprint import stored_fingerprint
-from tasks.convert.history import SplitHistory, known_rows, merged, new_rows, read_history, write_history
+from tasks.convert.history import SplitHistory, known_rows, merged, new_rows, read_history, usable, write_history
 from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
@@ -77,12 +77,7 @@ def prepare(job: Job) -> list[ShardPlan]:
 def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -> tuple[list[ShardPlan], set[str]]:
     """One split's plans and the shard names its history lists: the canonical layout without a history, else the
     new rows alone as generation g + 1 (none when nothing is new)."""
-    if history is not None and len(history.generations) == 1 and not history.present(job.parquet / split):
-        print(
-            f"convert: {split}: shards of the layout history are missing; it holds the canonical layout only, "
-            "which a convert of the source writes again"
-        )
-        history = None
+    history = usable(history, job.parquet / split, split)
     if history is None:
         rows = ordered(table, job.order)
         plans = plan_split(split, rows, job.target_bytes, _base_key(job), order=job.order)

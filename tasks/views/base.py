@@ -6,7 +6,6 @@ the keep flag are the overlay's. Every shard the overlay lists must be there, un
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,15 +16,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imagenet_parquet.format import (
-    CLASS_FIELDS,
     FormatError,
     class_ids,
-    class_names,
     decode_image_index,
     label_map_from_metadata,
     read_label_map,
 )
-from imagenet_parquet.overlay import LABEL_MAP_FORMAT, footer_digest, footer_tail, read_overlay
+from imagenet_parquet.overlay import LABEL_MAP_FORMAT, footer_digest, footer_tail, overlay_label_map, read_overlay
 from tasks.common import PipelineError
 from tasks.views.spec import CLASS_COLUMNS, PATH_COLUMN
 
@@ -70,7 +67,7 @@ def read_base(parquet: Path, overlay: Path, label_map: Path, split: str, columns
     read = [c for c in sorted(columns) if c not in CLASS_COLUMNS]
     found, sizes, maps = _read_shards(parquet / split, path, shards, read)
     if meta.get("format") == LABEL_MAP_FORMAT:
-        lmap = _whole(meta["label_map"], label_map, path)
+        lmap = _carried(meta, path, [*maps, read_label_map(label_map)])
     else:
         lmap = maps[0] if maps else read_label_map(label_map)
         if any(other != lmap for other in maps):
@@ -133,23 +130,12 @@ def _image_sizes(pf: pq.ParquetFile, meta: dict[bytes, bytes] | None, rows: int,
     return sizes
 
 
-def _whole(stored: dict[str, Any], label_map: Path, overlay: Path) -> dict[str, Any]:
-    """An overlay's label map whole: the stored form (no class names, `class_fields` lists) takes its names from
-    label_map.json, which must then hold the same classes."""
-    if CLASS_FIELDS not in stored:
-        class_names(stored)
-        return stored
-    current = read_label_map(label_map)
-    fields = stored[CLASS_FIELDS]
-    classes = [{"label": i, "name": c["name"]} for i, c in enumerate(current["classes"])]
-    if any(len(values) != len(classes) for values in fields.values()) or fields.get("wnid", [None] * len(classes)) != [
-        c.get("wnid") for c in current["classes"]
-    ]:
-        raise PipelineError(
-            f"{overlay}: expected the classes of {label_map} in its label_map ({len(classes)}), found "
-            f"{json.dumps({k: len(v) for k, v in fields.items()})} per field, other classes; {HELP}"
-        )
-    for field, values in fields.items():
-        for entry, value in zip(classes, values, strict=True):
-            entry[field] = value
-    return {**{k: v for k, v in stored.items() if k != CLASS_FIELDS}, "classes": classes}
+def _carried(meta: dict[str, Any], overlay: Path, known: list[dict[str, Any]]) -> dict[str, Any]:
+    """A format-2 overlay's label map, whole, as every reader takes it (`overlay_label_map`; class names of a map
+    stored without them from the shards' and label_map.json's classes of the same wnid)."""
+    try:
+        found = overlay_label_map(meta, overlay, known)
+    except FormatError as err:
+        raise PipelineError(f"{err}") from None
+    assert found is not None  # format 2
+    return found

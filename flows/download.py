@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.acquire.unchanged import exit_if_unchanged
+
+if __name__ == "__main__":
+    exit_if_unchanged()  # before Prefect is imported: a no-op `dvc repro` starts no flow (tasks/acquire/unchanged.py)
+
 from prefect import flow, get_run_logger, task
 
 from flows.cli import main

@@ -28,6 +28,8 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     lock = (project_copy / "dvc.lock").read_bytes()
     second = _repro(project_copy)  # download always runs (it stats its sources), and changes nothing here
     assert "Stage 'verify' didn't change, skipping" in second
+    # ... without starting Prefect: the stat-only check (tasks/acquire/unchanged.py) finds nothing to do
+    assert "download: nothing to do" in second and "Flow run" not in second, second
     assert (project_copy / "dvc.lock").read_bytes() == lock, "unchanged inputs must leave dvc.lock byte-identical"
 
     source = tmp_path / "archives"
@@ -38,6 +40,7 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     params.write_text(text.replace("checksums: auto", f"checksums: {source / 'sample_md5.tsv'}", 1))
     third = _repro(project_copy)
     assert "Running stage 'download'" in third and "Running stage 'verify'" in third
+    assert "download: nothing to do" not in third, "another source: the flow must run"
     records = json.loads((raw / "download.json").read_text())["archives"]
     assert {r["method"] for r in records.values()} == {"local"} and all(r["md5"] for r in records.values())
     assert all(os.path.samefile(raw / name, source / name) for name in ARCHIVES.values())
@@ -53,6 +56,8 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     assert not (raw / "sample_md5.tsv").exists()
     cached = [p for p in (project_copy / ".dvc" / "cache").rglob("*") if p.is_file()]
     assert all(p.stat().st_size < 1 << 20 for p in cached), "raw archives must never enter the DVC cache"
+    again = _repro(project_copy)  # linked archives unchanged: the stat-only no-op, download.json untouched
+    assert "download: nothing to do" in again and "Stage 'verify' didn't change, skipping" in again
 
     val, train = source / ARCHIVES["val"], source / ARCHIVES["train"]
     val.unlink()
@@ -61,5 +66,5 @@ def test_dvc_repro_runs_then_skips_sample_and_linked_archives(project_copy: Path
     md5[ARCHIVES["val"]] = md5[ARCHIVES["train"]]
     (source / "sample_md5.tsv").write_text("name\tmd5\n" + "".join(f"{n}\t{m}\n" for n, m in md5.items()))
     fourth = _repro(project_copy)  # a plain `dvc repro` notices it (the MD5 in download.json changed)
-    assert "Running stage 'verify'" in fourth
+    assert "Running stage 'verify'" in fourth and "download: nothing to do" not in fourth
     assert os.path.samefile(raw / ARCHIVES["val"], val)

@@ -199,10 +199,8 @@ def remove_stale_tars(raw_dir: Path, keep: set[str], cache_file: Path) -> list[s
     files this run brings). Ours alone (download.json's `gunzip` records, or the MD5 cache while the file is as it
     was written), never a linked or downloaded archive; removed before the space check, so its room counts."""
     removed = []
-    for name, origin in sorted(_decompressed_here(raw_dir, cache_file).items()):
+    for name, origin in stale_tars(raw_dir, keep, cache_file).items():
         path = raw_dir / name
-        if name in keep or path.is_symlink() or not path.is_file():
-            continue
         size = path.stat().st_size
         path.unlink()
         forget_md5(path, cache_file)
@@ -212,6 +210,15 @@ def remove_stale_tars(raw_dir: Path, keep: set[str], cache_file: Path) -> list[s
             "params.yaml no longer names (naming it again decompresses it again)"
         )
     return removed
+
+
+def stale_tars(raw_dir: Path, keep: set[str], cache_file: Path) -> dict[str, str]:
+    """The .tar files `remove_stale_tars` removes (name -> the archive it was decompressed from), sorted."""
+    return {
+        name: origin
+        for name, origin in sorted(_decompressed_here(raw_dir, cache_file).items())
+        if name not in keep and not (raw_dir / name).is_symlink() and (raw_dir / name).is_file()
+    }
 
 
 def _decompressed_here(raw_dir: Path, cache_file: Path) -> dict[str, str]:

@@ -74,8 +74,8 @@ def _download_and_index(
 def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[str, dict[str, Any]]:
     """Write the built-in sample into raw_dir (unless it is there, unchanged, for the same `sample:` params);
     returns the download.json records of its archives."""
-    origin = "sample " + ",".join(f"{k}={v}" for k, v in sorted(sample.model_dump().items()))
-    md5s = _intact_sample(raw_dir, cache_file, origin)
+    origin = sample_origin(sample)
+    md5s = intact_sample(raw_dir, cache_file, origin)
     if md5s is None:
         md5s = write_sample(raw_dir, sample.classes, sample.train_per_class, sample.val_per_class, sample.seed)
         for name, md5 in md5s.items():
@@ -87,7 +87,12 @@ def fetch_sample(raw_dir: Path, sample: SampleParams, cache_file: Path) -> dict[
     return records
 
 
-def _intact_sample(raw_dir: Path, cache_file: Path, origin: str) -> dict[str, str] | None:
+def sample_origin(sample: SampleParams) -> str:
+    """Who wrote the sample's archives, as the MD5 cache records it: the `sample:` params."""
+    return "sample " + ",".join(f"{k}={v}" for k, v in sorted(sample.model_dump().items()))
+
+
+def intact_sample(raw_dir: Path, cache_file: Path, origin: str) -> dict[str, str] | None:
     """The sample's MD5s when raw_dir still holds the very files written for these params (by stat), else None."""
     if not (raw_dir / MD5_TABLE).is_file():
         return None

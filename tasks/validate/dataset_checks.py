@@ -160,10 +160,11 @@ def manifest_label_check(meta: pd.DataFrame, manifests: dict[str, pd.DataFrame],
     unique (ImageNet), else by counts of (name, label) (`0001.jpg` in every class: _label_counts_check)."""
     manifest = pd.concat([m[IMAGE_KEY] for m in manifests.values()], ignore_index=True)
     rows = meta[["split", "image_path", "label"]].rename(columns={"image_path": "name"})
-    try:  # names unique in each split (ImageNet): each row's label against its image's
-        merged = rows.reset_index().merge(manifest, on=["split", "name"], suffixes=("", "_manifest"), validate="m:1")
-    except pd.errors.MergeError:
+    # names unique in each split (ImageNet): each row's label against its image's. Checked per split with a hash
+    # table (merge's validate="m:1" builds a sorted MultiIndex: 5 of 7 s at 1.33 M rows)
+    if not all(m["name"].is_unique for m in manifests.values()):
         return _label_counts_check(meta, rows, manifest, limit)
+    merged = rows.reset_index().merge(manifest, on=["split", "name"], suffixes=("", "_manifest"))
     wrong = merged[merged["label"] != merged["label_manifest"]]
     detail = {int(r.index): f"label {r.label}, the manifest says {r.label_manifest}" for r in wrong.itertuples()}
     return _label_result(meta, detail, len(merged), limit)

@@ -48,6 +48,7 @@ from tasks.common import SPLITS, atomic_path, write_text
 from tasks.common.params import ValidateParams, path_key
 from tasks.validate.checks import CheckResult, passed
 from tasks.validate.contact_sheet import THUMB, Picks, _paste, read_thumbnails
+from tasks.validate.pair_cache import PairCache
 from tasks.validate.scan import list_shards
 
 BITS, WEIGHT = 64, 32  # dct64-v2: 64-bit fingerprints, each with 32 bits set (above the median)
@@ -182,10 +183,10 @@ def unchecked_reason(schema: pa.Schema) -> str | None:
 
 @dataclass(frozen=True)
 class Fingerprints:
-    """One split's fingerprints, in shard order: `frame` holds phash (uint64), valid (false also for a row the
-    overlay excludes), label (int32: the label now, the overlay's), source (int32: the label as converted — the
-    class as found, which names the image in curation lines), shard (an index into `shards`) and row (int32) —
-    ~25 B a row; names are read for the pairs found only."""
+    """One split's fingerprints, in shard order: `frame` holds phash (uint64), printed (the row has one), valid
+    (printed and not excluded by the overlay), label (int32: the label now, the overlay's), source (int32: the label
+    as converted — the class as found, which names the image in curation lines), shard (an index into `shards`) and
+    row (int32) — ~25 B a row; names are read for the pairs found only."""
 
     frame: pd.DataFrame
     shards: list[Path]
@@ -199,7 +200,7 @@ def read_fingerprints(
     `views`: per split the overlay's (labels, keep) of every row in shard order (None: the shards as converted)."""
     found: dict[str, Fingerprints] = {}
     for split, paths in list_shards(parquet_dir).items():
-        columns: dict[str, list[np.ndarray]] = {"phash": [], "valid": [], "label": [], "shard": [], "row": []}
+        columns: dict[str, list[np.ndarray]] = {"phash": [], "printed": [], "label": [], "shard": [], "row": []}
         for i, path in enumerate(paths):
             shard = pq.ParquetFile(path)
             reason = unchecked_reason(shard.schema_arrow)
@@ -208,11 +209,12 @@ def read_fingerprints(
             table = shard.read(columns=["label", FINGERPRINT_COLUMN], use_threads=False)
             prints = table.column(FINGERPRINT_COLUMN)
             columns["phash"].append(prints.fill_null(0).to_numpy())
-            columns["valid"].append(prints.is_valid().to_numpy(zero_copy_only=False))
+            columns["printed"].append(prints.is_valid().to_numpy(zero_copy_only=False))
             columns["label"].append(table.column("label").to_numpy().astype(np.int32))
             columns["shard"].append(np.full(len(table), i, dtype=np.int32))
             columns["row"].append(np.arange(len(table), dtype=np.int32))
         frame = pd.DataFrame({name: np.concatenate(parts) for name, parts in columns.items()})
+        frame["valid"] = frame["printed"].to_numpy().copy()
         frame["source"] = frame["label"] if converted is None else np.asarray(converted[split]).astype(np.int32)
         if views is not None and split in views:
             labels, keep = views[split]
@@ -249,11 +251,14 @@ def _named(prints: Fingerprints, rows: pd.DataFrame, classes: list[str] | None) 
     )
 
 
-def train_val_pairs(prints: dict[str, Fingerprints], distance: int, classes: list[str] | None = None) -> pd.DataFrame:
+def train_val_pairs(
+    prints: dict[str, Fingerprints], distance: int, classes: list[str] | None = None, cache: PairCache | None = None
+) -> pd.DataFrame:
     """The train/val pairs within `distance`, one row each (PAIR_COLUMNS + shards/rows + cross_class), sorted:
-    cross-class pairs first, then by distance, val name, train name."""
-    train, val = (prints[s].frame[prints[s].frame["valid"]].reset_index(drop=True) for s in SPLITS)
-    found = near_pairs(val["phash"].to_numpy(np.uint64), train["phash"].to_numpy(np.uint64), distance)
+    cross-class pairs first, then by distance, val name, train name. Searched over every fingerprinted row (kept in
+    `cache` while the fingerprints are unchanged), the pairs of a row the overlay excludes dropped after."""
+    train, val = (prints[s].frame[prints[s].frame["printed"]].reset_index(drop=True) for s in SPLITS)
+    found = _searched(val, train, distance, False, cache)
     v = _named(prints["val"], val.iloc[found["query"]].reset_index(drop=True), classes)
     t = _named(prints["train"], train.iloc[found["indexed"]].reset_index(drop=True), classes)
     pairs = pd.concat([v.add_prefix("val_"), t.add_prefix("train_")], axis=1).assign(distance=found["distance"])
@@ -265,11 +270,13 @@ def train_val_pairs(prints: dict[str, Fingerprints], distance: int, classes: lis
     return pairs[keep].reset_index(drop=True)
 
 
-def train_groups(prints: dict[str, Fingerprints], distance: int) -> dict[str, int]:
-    """Groups of near-duplicate images inside train (connected components of the pairs within `distance`)."""
+def train_groups(prints: dict[str, Fingerprints], distance: int, cache: PairCache | None = None) -> dict[str, int]:
+    """Groups of near-duplicate images inside train (connected components of the pairs within `distance`; searched
+    as train_val_pairs does)."""
     train = prints["train"].frame
-    hashes = train.loc[train["valid"], "phash"].to_numpy(np.uint64)
-    found = near_pairs(hashes, hashes, distance, self_join=True)
+    train = train[train["printed"]].reset_index(drop=True)
+    found = _searched(train, train, distance, True, cache)
+    hashes = train["phash"].to_numpy(np.uint64)
     if found.empty:
         return {"groups": 0, "images": 0, "pairs": 0, "distance": distance}
     graph = coo_matrix((np.ones(len(found)), (found["query"], found["indexed"])), shape=(len(hashes),) * 2)
@@ -281,6 +288,17 @@ def train_groups(prints: dict[str, Fingerprints], distance: int) -> dict[str, in
         "pairs": len(found),
         "distance": distance,
     }
+
+
+def _searched(
+    queries: pd.DataFrame, indexed: pd.DataFrame, distance: int, self_join: bool, cache: PairCache | None
+) -> pd.DataFrame:
+    """near_pairs of the frames' fingerprints (kept in `cache`), the pairs of rows not `valid` dropped."""
+    q, t = (frame["phash"].to_numpy(np.uint64) for frame in (queries, indexed))
+    found = (cache or PairCache(None, popcount)).pairs(q, t, distance, self_join, near_pairs)
+    valid_q, valid_t = queries["valid"].to_numpy(), indexed["valid"].to_numpy()
+    keep = valid_q[found["query"].to_numpy()] & valid_t[found["indexed"].to_numpy()]
+    return found[keep].reset_index(drop=True)
 
 
 # ---------------------------------------------------------------- the tolerance
@@ -331,6 +349,7 @@ def near_duplicate_check(
     classes: list[str] | None = None,
     views: Views | None = None,
     converted: dict[str, np.ndarray] | None = None,
+    cache: PairCache | None = None,
 ) -> tuple[CheckResult, dict[str, Any]]:
     """The `near_duplicates` check and the report's `near_duplicates` section (every pair, the train groups, the
     chance level and the tolerance: `tolerance`); `classes`: the label map's class ids by
@@ -342,7 +361,7 @@ def near_duplicate_check(
     if reason is not None:
         section = {"checked": False, "reason": reason, "distance": distance, "pairs": []}
         return CheckResult("near_duplicates", "warn", f"not checked: {reason}"), section
-    pairs, groups = train_val_pairs(prints, distance, classes), train_groups(prints, train_distance)
+    pairs, groups = train_val_pairs(prints, distance, classes, cache), train_groups(prints, train_distance, cache)
     train, val = (int(prints[s].frame["valid"].sum()) for s in SPLITS)
     allowed = tolerance(train, val, distance, params.near_duplicates_max_pairs, params.near_duplicates_chance_margin)
     section = {

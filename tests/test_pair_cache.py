@@ -1,4 +1,4 @@
-"""Near-duplicate searches kept in validate's scratch space (tasks/validate/pair_cache.py): reused while the
+"""Near-duplicate searches kept in validate's scratch space (tasks/validate/near_dup.py PairCache): reused while the
 fingerprints are unchanged, never trusted when the kept file disagrees with them, and the same pairs whether an
 excluded row is searched and dropped after or never searched."""
 
@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.validate import near_dup
-from tasks.validate.near_dup import Fingerprints, near_pairs, popcount, train_groups, train_val_pairs
-from tasks.validate.pair_cache import PairCache
+from tasks.validate.near_dup import Fingerprints, PairCache, near_pairs, train_groups, train_val_pairs
 
 
 def _prints(n: int, seed: int) -> np.ndarray:
@@ -22,21 +21,24 @@ def _prints(n: int, seed: int) -> np.ndarray:
 
 
 class Counted:
+    """near_pairs, counting its calls (put in near_dup's namespace, where PairCache finds it)."""
+
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, q: np.ndarray, t: np.ndarray, d: int, self_join: bool) -> pd.DataFrame:
+    def __call__(self, q: np.ndarray, t: np.ndarray, d: int, self_join: bool = False) -> pd.DataFrame:
         self.calls += 1
         return near_pairs(q, t, d, self_join)
 
 
-def test_a_kept_search_is_reused_and_a_bad_one_searched_again(tmp_path: Path) -> None:
+def test_a_kept_search_is_reused_and_a_bad_one_searched_again(tmp_path: Path, monkeypatch) -> None:
     queries, indexed = _prints(300, 1), _prints(2000, 2)
     indexed[5] = queries[3] ^ np.uint64(1)  # one train/val pair
-    search, cache = Counted(), PairCache(tmp_path / "near", popcount)
-    first = cache.pairs(queries, indexed, 8, False, search)
+    search = Counted()
+    monkeypatch.setattr(near_dup, "near_pairs", search)
+    first = PairCache(tmp_path / "near").pairs(queries, indexed, 8, False)
     assert len(first) >= 1 and search.calls == 1
-    pd.testing.assert_frame_equal(PairCache(tmp_path / "near", popcount).pairs(queries, indexed, 8, False, search), first)
+    pd.testing.assert_frame_equal(PairCache(tmp_path / "near").pairs(queries, indexed, 8, False), first)
     assert search.calls == 1, "unchanged fingerprints: the kept result"
     (kept,) = (tmp_path / "near").glob("*.npz")
     for bad in (b"not an npz", None):
@@ -44,20 +46,20 @@ def test_a_kept_search_is_reused_and_a_bad_one_searched_again(tmp_path: Path) ->
             np.savez(kept, query=first["query"], indexed=first["indexed"], distance=first["distance"] + 1)
         else:
             kept.write_bytes(bad)
-        again = PairCache(tmp_path / "near", popcount).pairs(queries, indexed, 8, False, search)
+        again = PairCache(tmp_path / "near").pairs(queries, indexed, 8, False)
         pd.testing.assert_frame_equal(again, first)
     assert search.calls == 3
     changed = indexed.copy()
     changed[0] ^= np.uint64(1 << 40)
-    PairCache(tmp_path / "near", popcount).pairs(queries, changed, 8, False, search)
+    PairCache(tmp_path / "near").pairs(queries, changed, 8, False)
     assert search.calls == 4, "another fingerprint: another key"
 
 
 def test_prune_keeps_only_what_this_run_used(tmp_path: Path) -> None:
     a, b = _prints(100, 3), _prints(100, 4)
-    PairCache(tmp_path, popcount).pairs(a, a, 4, True, near_pairs)
-    run = PairCache(tmp_path, popcount)
-    run.pairs(b, b, 4, True, near_pairs)
+    PairCache(tmp_path).pairs(a, a, 4, True)
+    run = PairCache(tmp_path)
+    run.pairs(b, b, 4, True)
     (tmp_path / "other.txt").write_text("not ours")
     run.prune()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*run.used, "other.txt"])
@@ -88,7 +90,7 @@ def test_excluded_rows_are_dropped_after_the_search(tmp_path: Path, monkeypatch)
     keep_val[1] = False
     monkeypatch.setattr(near_dup, "_named", lambda prints, rows, classes: rows.assign(name=rows["row"], wnid="w"))
     prints = {"train": _split(train, keep_train), "val": _split(val, keep_val)}
-    cached = PairCache(tmp_path / "near", popcount)
+    cached = PairCache(tmp_path / "near")
     got = train_val_pairs(prints, 8, None, cached)
     groups = train_groups(prints, 4, cached)
     # the reference: only the kept rows searched
@@ -100,7 +102,7 @@ def test_excluded_rows_are_dropped_after_the_search(tmp_path: Path, monkeypatch)
     )
     inside = near_pairs(train[keep_train], train[keep_train], 4, True)
     assert groups["pairs"] == len(inside)
-    assert train_groups(prints, 4, PairCache(None, popcount)) == groups
+    assert train_groups(prints, 4, PairCache(None)) == groups
     # a curation round: other exclusions, the same fingerprints -> the kept searches, the new keep flags applied
     files = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "near").iterdir()}
     keep_train[::100] = True

@@ -17,6 +17,9 @@ validate.near_duplicates_chance_margin — real photos' fingerprints cluster, so
 distance 8: 10 pairs among 8e8 comparisons of 40,000 distinct real JPEGs, against 0.58 expected) — with
 validate.near_duplicates_max_pairs as the floor (margin 0: that fixed count alone, as before).
 
+The searches are kept in the stage's scratch space while the fingerprints are unchanged (`PairCache`): a
+curation round changes labels and keep flags only, so it searches nothing again.
+
 What a reviewer acts on after the check (`write_near_duplicate_outputs`): the pairs side by side
 (near_duplicates.png) and the candidate exclude list (near_duplicates_exclude.csv) in the curation format
 `split,wnid,name,reason` — one row per val image of a pair, sorted — ready to review and copy to the curation
@@ -26,9 +29,11 @@ metadata; sorted CSV)."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import itertools
 import math
+import os
 import textwrap
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -48,7 +53,6 @@ from tasks.common import SPLITS, atomic_path, write_text
 from tasks.common.params import ValidateParams, path_key
 from tasks.validate.checks import CheckResult, passed
 from tasks.validate.contact_sheet import THUMB, Picks, _paste, read_thumbnails
-from tasks.validate.pair_cache import PairCache
 from tasks.validate.scan import list_shards
 
 BITS, WEIGHT = 64, 32  # dct64-v2: 64-bit fingerprints, each with 32 bits set (above the median)
@@ -156,6 +160,73 @@ def _pieces(hits: np.ndarray) -> list[tuple[int, int]]:
     cuts = np.searchsorted(ends, np.arange(CANDIDATE_BLOCK, ends[-1], CANDIDATE_BLOCK), side="right")
     bounds = sorted({0, *(int(c) for c in cuts), len(hits)})
     return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
+
+
+# ---------------------------------------------------------------- searches kept in scratch
+NEAR_DIR = "near"  # under the validate work directory, beside scan/
+PAIRS_VERSION = "near-pairs-v1"  # in every key: a change of what a search returns makes the kept files unused
+
+
+class PairCache:
+    """Near-duplicate searches kept in the validate stage's scratch space (`<paths.work>/validate/near/`; None:
+    nothing kept, every search runs).
+
+    A search's result is a function of its inputs alone (the fingerprints searched, the distance, whether it is a
+    self-join), so it is kept under a SHA-256 of them and reused while they are unchanged: a curation round changes
+    labels and keep flags, never a fingerprint, and the searches run over every fingerprinted row (the pairs of
+    excluded rows dropped after: `_searched`), so it searches nothing again (at ImageNet-1k ~12 of validate's ~40
+    CPU-s). A kept file is used only when it parses, its indices lie inside the inputs and every stored distance
+    equals the one recomputed from the fingerprints and is within the search distance; else the search runs again
+    and replaces it (written atomically). `prune()` removes the files this run did not use."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory, self.used = directory, set[str]()
+
+    def pairs(self, queries: np.ndarray, indexed: np.ndarray, distance: int, self_join: bool) -> pd.DataFrame:
+        """`near_pairs(queries, indexed, distance, self_join)`, or its kept result."""
+        if self.directory is None:
+            return near_pairs(queries, indexed, distance, self_join)
+        digest = hashlib.sha256(f"{PAIRS_VERSION}:{distance}:{self_join}:{len(queries)}:".encode())
+        digest.update(np.ascontiguousarray(queries, dtype=np.uint64).tobytes())
+        digest.update(np.ascontiguousarray(indexed, dtype=np.uint64).tobytes())
+        path = self.directory / f"{digest.hexdigest()}.npz"
+        self.used.add(path.name)
+        kept = _load_pairs(path, queries, indexed, distance, self_join)
+        if kept is not None:
+            return kept
+        found = near_pairs(queries, indexed, distance, self_join)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp, open(tmp, "wb") as out:
+            np.savez(out, **{k: found[k].to_numpy(np.int64) for k in ("query", "indexed", "distance")})
+        return found
+
+    def prune(self) -> None:
+        """Remove the kept searches this run did not use."""
+        if self.directory is None or not self.directory.is_dir():
+            return
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(".npz") and name not in self.used:
+                (self.directory / name).unlink(missing_ok=True)
+
+
+def _load_pairs(
+    path: Path, queries: np.ndarray, indexed: np.ndarray, distance: int, self_join: bool
+) -> pd.DataFrame | None:
+    """The kept result at `path` when it is whole and agrees with the fingerprints; else None."""
+    try:
+        with np.load(path, allow_pickle=False) as kept:
+            q, t, d = (np.asarray(kept[k], dtype=np.int64) for k in ("query", "indexed", "distance"))
+    except (OSError, ValueError, KeyError):
+        return None
+    if not (len(q) == len(t) == len(d)):
+        return None
+    if len(q) and (q.min() < 0 or t.min() < 0 or q.max() >= len(queries) or t.max() >= len(indexed)):
+        return None
+    if len(q) and (np.any(d > distance) or np.any(popcount(queries[q] ^ indexed[t]) != d)):
+        return None
+    if self_join and np.any(q >= t):
+        return None
+    return pd.DataFrame({"query": q, "indexed": t, "distance": d})
 
 
 # ---------------------------------------------------------------- the shards' fingerprints
@@ -295,7 +366,7 @@ def _searched(
 ) -> pd.DataFrame:
     """near_pairs of the frames' fingerprints (kept in `cache`), the pairs of rows not `valid` dropped."""
     q, t = (frame["phash"].to_numpy(np.uint64) for frame in (queries, indexed))
-    found = (cache or PairCache(None, popcount)).pairs(q, t, distance, self_join, near_pairs)
+    found = (cache or PairCache(None)).pairs(q, t, distance, self_join)
     valid_q, valid_t = queries["valid"].to_numpy(), indexed["valid"].to_numpy()
     keep = valid_q[found["query"].to_numpy()] & valid_t[found["indexed"].to_numpy()]
     return found[keep].reset_index(drop=True)

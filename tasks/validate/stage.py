@@ -33,8 +33,7 @@ from tasks.validate.dataset_checks import (
     manifest_label_check,
 )
 from tasks.validate.merged import View, apply_overlays, merged_frame, overlay_formats, require_overlays
-from tasks.validate.near_dup import near_duplicate_check, popcount
-from tasks.validate.pair_cache import NEAR_DIR, PairCache
+from tasks.validate.near_dup import NEAR_DIR, PairCache, near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
 from tasks.validate.scan import (
     SCAN_DIR,
@@ -133,7 +132,7 @@ def run_validation(
     results.append(leakage_check(merged, params.leakage_max_pairs, limit))
     views = {s: view.split(meta, s) for s in SPLITS}
     converted = None if live is None else {s: meta.loc[meta["split"] == s, "label"].to_numpy() for s in SPLITS}
-    pair_cache = PairCache(Path(work_dir) / NEAR_DIR if work_dir is not None else None, popcount)
+    pair_cache = PairCache(Path(work_dir) / NEAR_DIR if work_dir is not None else None)
     near, near_section = near_duplicate_check(parquet_dir, params, class_ids(label_map), views, converted, pair_cache)
     pair_cache.prune()
     results.append(near)

@@ -53,9 +53,11 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
 
 
 @contextlib.contextmanager
-def local_pool(dist: Distribution) -> Iterator[None]:
-    """While the block runs, `convert_in_pool` hands shards to a pool of `dist.workers` processes (local runner)."""
-    if dist.runner != "local":
+def local_pool(dist: Distribution, shards: int) -> Iterator[None]:
+    """While the block runs, `convert_in_pool` hands shards to a pool of `dist.workers` processes (local runner);
+    none when it could not run two of the `shards` at once (one worker, or a small append's one shard): each worker
+    would start and import the converter (~1-2 CPU-s) for nothing, the shard is converted in this process."""
+    if dist.runner != "local" or min(dist.workers, shards) < 2:
         yield
         return
     with process_pool(dist.workers) as pool:

@@ -38,7 +38,7 @@ def convert_flow(params_file: str = "params.yaml") -> dict[str, Any]:
     started = time.perf_counter()
     plans = plan_shards(job)
     progress = convert.Progress(plans)
-    with distribute.local_pool(Distribution.from_params(project.params.convert), len(plans)):
+    with distribute.local_pool(Distribution.from_params(project.params.convert), plans):
         futures = [convert_shard.submit(job, plan) for plan in plans]
         results = [progress.update(future.result()) for future in as_completed(futures)]
     progress.close()

@@ -97,7 +97,11 @@ def test_a_missing_appended_shard_is_refused_a_canonical_history_is_rewritten_an
     assert shard_bytes(make_job(root)) == canonical
     _convert(root, _v1())
     appended = sorted((root / "data/parquet/train").glob("train-g1-*.parquet"))
-    appended[0].rename(tmp_path / "aside")
+    appended[0].rename(tmp_path / "aside")  # deleted as DVC deletes the directory: linked back from data/scratch
+    run_local(make_job(root, **PARAMS), progress=False)
+    assert appended[0].samefile(tmp_path / "aside") and not list(root.glob("data/parquet/*/*-g2-*"))
+    appended[0].unlink()
+    assert not (root / "data/scratch/convert/train" / appended[0].name).exists()  # an earlier run's: dropped
     with pytest.raises(PipelineError, match=r"expected the shard of generation 1 .*dvc pull.*make relayout"):
         run_local(make_job(root, **PARAMS), progress=False)
     (tmp_path / "aside").rename(appended[0])

@@ -23,15 +23,21 @@ def _project(root: Path, **convert) -> Path:
     return write_params(root, convert={"shard_mb": 0.03, "row_group_rows": 5, "max_bad_fraction": 0.1, **convert})
 
 
-def test_flow_local_runner_and_dask_cluster_write_the_same_bytes(prefect_api, tmp_path):
+def test_flow_local_runner_and_dask_cluster_write_the_same_bytes(prefect_api, tmp_path, monkeypatch):
     from distributed import LocalCluster
 
     from flows.convert import run
+    from tasks.convert import distribute
+
+    monkeypatch.setattr(distribute, "POOL_MIN_IMAGES", 0)  # a pool even for 26 images (else converted in-process)
+    opened = []
+    monkeypatch.setattr(distribute, "process_pool", lambda n, real=distribute.process_pool: opened.append(n) or real(n))
 
     reference = make_job(tmp_path / "ref", shard_mb=0.03, row_group_rows=5, max_bad_fraction=0.1)
     _project(tmp_path / "ref")
     run_local(reference, progress=False)
     local = run(str(_project(tmp_path / "local", workers=2, task_runner="local")))
+    assert opened == [2]
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
         params = _project(tmp_path / "dask", task_runner="dask", dask_address=cluster.scheduler_address)
         dask = run(str(params))
@@ -59,3 +65,30 @@ def test_dask_runner_needs_an_address(tmp_path):
 
     with pytest.raises(PipelineError, match="convert.dask_address: expected a scheduler address"):
         section("convert", task_runner="dask", dask_address=None, workers=2)
+
+
+@pytest.mark.parametrize(("workers", "sizes", "pool"), [
+    (2, [1_000, 1_500], True), (2, [400] * 4, False), (2, [5_000], False), (1, [3_000, 3_000], False)])
+def test_a_pool_opens_only_when_two_workers_would_pay_for_their_start(monkeypatch, workers, sizes, pool):
+    from types import SimpleNamespace
+
+    from tasks.convert import distribute
+
+    opened = []
+
+    class Fake:
+        def __init__(self, n: int) -> None:
+            opened.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(distribute, "process_pool", Fake)
+    plans = [SimpleNamespace(start=0, stop=n) for n in sizes]
+    with distribute.local_pool(distribute.Distribution("local", workers), plans):  # type: ignore[arg-type]
+        inside = list(distribute._POOLS)
+    assert (opened == [workers] and len(inside) == 1) if pool else (opened == [] and inside == [])
+    assert distribute._POOLS == []

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import io
 import json
+import shutil
 import os
 import signal
 import struct
@@ -63,6 +64,7 @@ def test_convert_metrics_hold_no_timings_and_rerun_byte_identical(tmp_path):
     assert not {"seconds", "images_per_s", "mb_per_s", "resumed_shards"} & set(json.loads(first))
     for path in sorted(job.parquet.rglob("*.parquet")):
         path.unlink()  # a forced rerun: every shard written again, another duration
+    shutil.rmtree(job.work / "convert")  # without the resume links that would put them back (tasks/convert/relink.py)
     time.sleep(0.01)
     result = run_local(job, progress=False)
     assert job.metrics.read_bytes() == first

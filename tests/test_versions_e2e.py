@@ -54,6 +54,16 @@ def _by_file(tree: Path, split: str) -> dict[bytes, str]:
     return {p.read_bytes(): p.name for p in sorted((tree / split).glob("*/*"))}
 
 
+def _inodes(root: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in sorted(root.glob("*/*.parquet"))}
+
+
+def _cached(repo: Path, path: Path) -> Path:
+    """The DVC cache file named by the MD5 of `path`'s bytes."""
+    digest = hashlib.md5(path.read_bytes()).hexdigest()
+    return repo / ".dvc/cache/files/md5" / digest[:2] / digest[2:]
+
+
 def _commit(repo: Path, message: str) -> None:
     _run(["git", "add", "-A"], repo)
     _run([*GIT, "commit", "-qm", message], repo)
@@ -71,6 +81,7 @@ def appended(tmp_path_factory, prefect_api):
     _run(["dvc", "repro"], repo)
     _commit(repo, "v0")
     before = _md5s(repo / "data/parquet")
+    inodes = _inodes(repo / "data/parquet")
     state = ParquetIterableDataset(repo / "data/parquet", "train", decode=False).state_dict()
     for i in range(3):
         _image(tree, "train", "ant", f"ant_{i}.jpg", 900 + i)
@@ -80,11 +91,11 @@ def appended(tmp_path_factory, prefect_api):
     (tree / "train/dog/dog_3.jpg").unlink()
     (repo / "curation/relabel.csv").write_text("split,wnid,name,new_wnid,reason\ntrain,cat,cat_1.jpg,dog,a dog\n")
     _run(["dvc", "repro"], repo)
-    return tree, repo, before, state
+    return tree, repo, before, state, inodes
 
 
 def test_an_append_round_writes_only_new_shards_and_dvc_is_up_to_date(appended):
-    tree, repo, before, _ = appended
+    tree, repo, before, _, inodes = appended
     after = _md5s(repo / "data/parquet")
     assert {n: after.get(n) for n in before} == before  # every earlier shard: same name, same bytes
     new = sorted(set(after) - set(before))
@@ -98,11 +109,15 @@ def test_an_append_round_writes_only_new_shards_and_dvc_is_up_to_date(appended):
     assert changes["shards_rewritten"] == 0
     assert (changes["images_added"], changes["images_removed"]) == (5, 1), changes
     assert up_to_date(_run(["dvc", "status"], repo))
+    # DVC deleted the directory (not `persist`: no copy of every shard first); convert linked the earlier shards back
+    # from the DVC cache: the same inodes, and every shard is one copy on disk with its cache file
+    assert {n: i for n, i in _inodes(repo / "data/parquet").items() if n in inodes} == inodes
+    assert all(p.samefile(_cached(repo, p)) for p in sorted((repo / "data/parquet").glob("*/*.parquet")))
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_every_reader_path_gives_imagefolder_labels_of_the_new_tree(appended, split):
-    tree, repo, _, _ = appended
+    tree, repo, _, _, _ = appended
     relabel = {"cat_1.jpg": "dog"} if split == "train" else {}
     expected, files = _expected(tree, split, relabel), _by_file(tree, split)
     parquet = repo / "data/parquet"
@@ -119,7 +134,7 @@ def test_every_reader_path_gives_imagefolder_labels_of_the_new_tree(appended, sp
 
 
 def test_a_view_by_name_and_resume_states_across_versions_and_views(appended):
-    tree, repo, _, old_state = appended
+    tree, repo, _, old_state, _ = appended
     parquet, files = repo / "data/parquet", _by_file(tree, "train")
     view = ParquetImageDataset(parquet, "train", view="pets", decode=False)
     assert view.classes == ["cat", "dog"]

@@ -1,17 +1,23 @@
-"""MD5s handed to DVC's state database, so `dvc repro` does not read again what a stage already hashed.
+"""What a stage shares with DVC's local storage: MD5s handed to its state database, so `dvc repro` does not read
+again what a stage already hashed, and the files of its cache, named by MD5.
 
 DVC remembers a file's MD5 against its inode, mtime and size; an entry saved here for the file as it is now is used
-by DVC when it hashes a stage's deps and outs (a changed file misses). Outside a DVC repo every call is a no-op."""
+by DVC when it hashes a stage's deps and outs (a changed file misses). Its cache holds every committed file under
+its MD5 (`cached_objects`: what convert links back instead of converting again, tasks/convert/relink.py). Outside a
+DVC repo every call is a no-op."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
+
+MD5 = re.compile("[0-9a-f]{32}")  # a name in the cache: never a path of its own
 
 
 def stat_key(path: str | os.PathLike[str]) -> dict[str, int]:
@@ -63,5 +69,21 @@ def state_put(entries: Iterable[tuple[str | os.PathLike[str], str, dict[str, int
                 repo.state.save(os.path.abspath(path), repo.fs, HashInfo("md5", md5))
                 saved += 1
         return saved
+    finally:
+        repo.close()
+
+
+def cached_objects(path: str | os.PathLike[str], md5s: Iterable[str]) -> dict[str, Path]:
+    """The files of the DVC cache (of the repo holding `path`) that hold each of `md5s`, for those it has."""
+    wanted = sorted(set(md5s))
+    repo = open_repo(path) if wanted else None
+    if repo is None:
+        return {}
+    try:
+        cache = repo.cache.local
+        found = {md5: Path(cache.oid_to_path(md5)) for md5 in wanted if MD5.fullmatch(md5)}
+        return {md5: p for md5, p in found.items() if p.is_file()}
+    except Exception:  # no local cache configured: nothing to link from
+        return {}
     finally:
         repo.close()

@@ -52,12 +52,17 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with, initargs=(os.getpid(),))
 
 
+POOL_MIN_IMAGES = 2_000  # below, a pool costs more than it saves: each worker starts and imports (~1.2 CPU-s)
+
+
 @contextlib.contextmanager
-def local_pool(dist: Distribution, shards: int) -> Iterator[None]:
+def local_pool(dist: Distribution, plans: list[ShardPlan]) -> Iterator[None]:
     """While the block runs, `convert_in_pool` hands shards to a pool of `dist.workers` processes (local runner);
-    none when it could not run two of the `shards` at once (one worker, or a small append's one shard): each worker
-    would start and import the converter (~1-2 CPU-s) for nothing, the shard is converted in this process."""
-    if dist.runner != "local" or min(dist.workers, shards) < 2:
+    none when it could not run two of the `plans` at once (one worker, one shard) or they hold fewer than
+    POOL_MIN_IMAGES images (a small append: ~1 CPU-s of conversion per 400 images at ImageNet's sizes, against the
+    workers' start), the shards are then converted in this process."""
+    images = sum(p.stop - p.start for p in plans)
+    if dist.runner != "local" or min(dist.workers, len(plans)) < 2 or images < POOL_MIN_IMAGES:
         yield
         return
     with process_pool(dist.workers) as pool:

@@ -10,7 +10,8 @@ the source no longer holds, and what a newer generation replaced, the curate sta
 
 The file is small (per shard: name, rows, sizes, md5; per bad image its record), tracked in git
 (`cache: false, persist: true`), and the only state convert reads besides its inputs: the shards it lists must be
-present with their listed sizes (`dvc pull`), else the run stops. A history written for other output params or
+present with their listed sizes, in the Parquet directory or in the DVC cache (DVC deletes the directory before the
+stage runs; tasks/convert/relink.py links them back), else the run stops. A history written for other output params or
 library versions (`identity`) is dropped with a line saying so: that convert rewrites every shard anyway.
 `python -m tasks.convert.history discard` (`make relayout`) removes it: the next convert is canonical."""
 
@@ -166,8 +167,8 @@ def _listed(directory: Path, shard: dict[str, Any], generation: int) -> Path:
         raise PipelineError(
             f"{path}: expected the shard of generation {generation} that {LAYOUT_HISTORY} lists "
             f"({shard['file_bytes']:,} bytes, md5 {shard['md5']}), found "
-            f"{'no file' if found is None else f'{found:,} bytes'}; run `dvc pull` (or `dvc checkout`) for the "
-            f"version this history belongs to, or {DISCARD.removeprefix('run ')}"
+            f"{'no file' if found is None else f'{found:,} bytes'} (nor in the DVC cache); run `dvc pull` (or "
+            f"`dvc fetch`) for the version this history belongs to, or {DISCARD.removeprefix('run ')}"
         )
     return path
 

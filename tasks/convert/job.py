@@ -50,6 +50,10 @@ class Job:
     def stats_path(self, plan: ShardPlan) -> Path:
         return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".json")
 
+    def resume_path(self, plan: ShardPlan) -> Path:
+        """The finished shard's resume link beside its stats (tasks/convert/relink.py)."""
+        return self.work / "convert" / plan.split / plan.name
+
     def rows_path(self, plan: ShardPlan) -> Path:
         return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".rows.parquet")
 

@@ -41,6 +41,7 @@ from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
 from tasks.convert.plan import Rows, ShardPlan, finished_stats, ordered, plan_split, remove_stale
+from tasks.convert.relink import keep, restore_finished, restore_listed
 from tasks.convert.sources import Sources
 
 MANIFEST_COLUMNS = [f.name for f in MANIFEST_SCHEMA if f.name != "split"]  # what convert reads of a manifest
@@ -60,7 +61,7 @@ def prepare(job: Job) -> list[ShardPlan]:
         remove_stale(job.parquet / split, {p.name for p in split_plans} | listed)
         remove_stale(
             job.work / "convert" / split,
-            {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p))},
+            {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p), job.resume_path(p))},
         )
         plans += split_plans
     for split in sorted(set(SPLITS) - set(job.splits())):  # a split no longer in the manifests
@@ -76,7 +77,9 @@ def prepare(job: Job) -> list[ShardPlan]:
 
 def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -> tuple[list[ShardPlan], set[str]]:
     """One split's plans and the shard names its history lists: the canonical layout without a history, else the
-    new rows alone as generation g + 1 (none when nothing is new)."""
+    new rows alone as generation g + 1 (none when nothing is new). Listed shards DVC deleted are linked back first."""
+    if history is not None:
+        restore_listed(job.parquet / split, history.shards, job.work / "convert" / split)
     history = usable(history, job.parquet / split, split)
     if history is None:
         rows = ordered(table, job.order)
@@ -101,6 +104,7 @@ def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -
 def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
     """Write one shard (or keep it when a previous run finished it for this exact plan); return its stats."""
     shard, stats_path = job.shard_path(plan), job.stats_path(plan)
+    restore_finished(job.resume_path(plan), shard)  # finished by a killed run, then deleted by DVC
     done = finished_stats(plan, shard, stats_path)
     if done is not None:
         return {**done, "resumed": True}
@@ -135,6 +139,7 @@ def convert_shard(job: Job, plan: ShardPlan) -> dict[str, Any]:
         "stat": stat_key(shard),
         "seconds": round(time.perf_counter() - started, 3),
     }
+    keep(shard, job.resume_path(plan))
     write_json(stats_path, stats, path_key("work"))
     return {**stats, "resumed": False}
 

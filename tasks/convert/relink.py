@@ -1,0 +1,90 @@
+"""Shards put back by hardlink, never converted again: what keeps an append's `dvc repro` at the cost of what changed.
+
+The Parquet directory is not a `persist` DVC out. For a persisted out DVC first copies every file that is a hardlink
+or symlink of its cache (`dvc unprotect`): with the project's hardlinked cache that is the whole dataset, read and
+written again with twice its disk, before an append of 1 % (measured: docs/results/bench-versions-appends.txt). So
+DVC deletes the directory instead (links only: every committed byte stays in its cache) and convert puts back, by
+hardlink, the same inodes:
+* the shards the layout history lists (`restore_listed`): from the resume link a run left next to their stats when
+  those carry the listed md5, else from the DVC cache, which names them by that md5 (tasks/common/dvc_state.py);
+  the size must be the listed one. DVC hashes them again as any out unless its state knows the inode.
+* the shards a killed run finished (`restore_finished`): from the resume link each finished shard leaves in the
+  scratch directory next to its stats (`keep`): same inode, no second copy. The stats still decide (plan.py).
+A DVC cache on another filesystem (no hardlink possible) is copied from, under a temporary name, as DVC itself
+checks out such a cache. What is in neither place (an object not fetched) stays missing: the history's check then
+says to fetch it (history.py); a killed run's shard whose resume link could not be made is converted again."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tasks.common.dvc_state import cached_objects
+
+
+def keep(shard: Path, link: Path) -> None:
+    """Leave `link` (in the scratch directory) naming the finished `shard`'s inode; none across filesystems."""
+    with contextlib.suppress(OSError):
+        link.unlink(missing_ok=True)
+        os.link(shard, link)
+
+
+def restore_finished(link: Path, shard: Path) -> None:
+    """Put back a killed run's finished shard that DVC deleted (a missing `shard` whose resume `link` exists)."""
+    if not shard.exists() and link.is_file():
+        _link(link, shard, link.stat().st_size)
+
+
+def restore_listed(directory: Path, shards: list[dict[str, Any]], scratch: Path) -> int:
+    """Link back each shard of `shards` (layout history entries) missing from `directory`; returns how many."""
+    missing = [s for s in shards if not (directory / str(s["name"])).exists()]
+    if not missing:
+        return 0
+    cached = cached_objects(directory, [str(s["md5"]) for s in missing])
+    directory.mkdir(parents=True, exist_ok=True)
+    restored = 0
+    for entry in missing:
+        sources = (_resume_link(scratch, entry), cached.get(str(entry["md5"])))
+        target, size = directory / str(entry["name"]), entry["file_bytes"]
+        restored += any(_link(src, target, size, copy=src == sources[-1]) for src in sources if src)
+    return restored
+
+
+def _resume_link(scratch: Path, entry: dict[str, Any]) -> Path | None:
+    """The resume link of a listed shard, when its stats carry the listed md5."""
+    link = scratch / str(entry["name"])
+    try:
+        stats = json.loads(link.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return link if isinstance(stats, dict) and stats.get("md5") == entry["md5"] else None
+
+
+def _link(source: Path, shard: Path, size: int, copy: bool = False) -> bool:
+    """Hardlink `source` as `shard` when it has `size` bytes, or (`copy`, where no link can be made: another
+    filesystem) copy it under a temporary name first; False when neither works (the shard stays missing)."""
+    try:
+        if source.stat().st_size != size:
+            return False
+        os.link(source, shard)
+    except OSError as err:
+        return copy and err.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK) and _copy(source, shard, size)
+    return True
+
+
+def _copy(source: Path, shard: Path, size: int) -> bool:
+    tmp = shard.with_name(f".{shard.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copyfile(source, tmp)
+        if tmp.stat().st_size != size:
+            raise OSError(f"{source}: changed while copied")
+        os.replace(tmp, shard)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True

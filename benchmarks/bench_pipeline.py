@@ -30,7 +30,6 @@ import json
 import os
 import re
 import resource
-import shlex
 import shutil
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from benchmarks.common import (
     proc_io,
     quiet_gate,
 )
+from benchmarks.stage_probe import probe_stages
 from tasks.acquire import sample
 from tasks.common import ARCHIVES
 from tests.helpers.project import copy_project
@@ -112,12 +112,7 @@ def prepare(project: Path, mirror: Path, record: Path, overrides: dict[str, str]
     params["verify"]["checksums"] = str(mirror / sample.MD5_TABLE)
     params["validate"]["train_count"] = [1, 1300]
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    # the probe imports this checkout's benchmarks package; the stage it runs, the copy's own code
-    probe = f"env PYTHONPATH={shlex.quote(str(REPO))} python -m benchmarks.stage_probe"
-    wrap = f"{probe} \\2 {record} {mirror} -- \\1"
-    stage_cmd = r"cmd: ((?:scripts/)?python -m flows\.(\w+))"  # scripts/python since issue 14
-    dvc = re.sub(stage_cmd, "cmd: " + wrap, (project / "dvc.yaml").read_text())
-    (project / "dvc.yaml").write_text(dvc)
+    probe_stages(project, record, mirror)
 
 
 class DiskWatch(threading.Thread):

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import IO_KEYS, cpu_children, cpu_seconds, evict_tree, proc_io, subreaper
+from benchmarks.common import IO_KEYS, REPO, cpu_children, cpu_seconds, evict_tree, proc_io, subreaper
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -140,6 +142,19 @@ def run_watched(cmd: list[str]) -> tuple[int, dict[str, float]]:
     after, sampled = proc_io(), watch.totals()
     reaped = {"cpu": cpu_children(), **{k: after[k] - before[k] - watch.own.get(k, 0) for k in IO_KEYS}}
     return rc, {**sampled, **{k: max(v, sampled[k]) for k, v in reaped.items()}}
+
+
+def probe_stages(project: Path, record: Path, mirror: Path, stages: str = r"\w+") -> None:
+    """Make the stage commands of `project`'s dvc.yaml whose flow name matches the regex `stages` run under this
+    probe, appending to `record` (the page cache of `mirror` and the project's data dropped before each). The probe
+    imports this checkout's benchmarks package; the stage it runs, the copy's own code."""
+    probe = f"env PYTHONPATH={shlex.quote(str(REPO))} python -m benchmarks.stage_probe"
+    stage_cmd = rf"cmd: ((?:scripts/)?python -m flows\.({stages}))"  # scripts/python since issue 14
+    dvc = (project / "dvc.yaml").read_text()
+    wrapped = re.sub(stage_cmd, lambda m: f"cmd: {probe} {m.group(2)} {record} {mirror} -- {m.group(1)}", dvc)
+    if wrapped == dvc:
+        raise ValueError(f"{project / 'dvc.yaml'}: no stage command matches flows.{stages}")
+    (project / "dvc.yaml").write_text(wrapped)
 
 
 def wrap_stage(argv: list[str]) -> int:

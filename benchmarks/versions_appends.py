@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import shlex
 import shutil
 import statistics
 import time
@@ -46,6 +44,7 @@ from benchmarks.common import (
     update_params,
 )
 from benchmarks.overlay_reads import expected_distinct
+from benchmarks.stage_probe import probe_stages
 from tasks.common.synsets import shipped_synsets
 from tests.helpers.servers import isolate_prefect, prefect_server
 
@@ -187,7 +186,9 @@ def cmd_scale(args: argparse.Namespace) -> None:
     print(quiet_gate(args.quiet_wait), flush=True)
     with prefect_server(base / "prefect.log") as env["PREFECT_API_URL"]:
         project = make_project(base, tree, args, env)
-        record = probe_convert(project, base / "stages.jsonl", tree)
+        record = base / "stages.jsonl"
+        record.write_text("")
+        probe_stages(project, record, tree, "convert")
         run(["dvc", "repro", "extract"], project, env)
         full = timed(["dvc", "repro", "convert"], project, env)
         own = {"full": convert_cpu(record)}
@@ -231,18 +232,6 @@ def cmd_scale(args: argparse.Namespace) -> None:
         "projected to 1.33 M images (+1 % = 13,300, the fixed cost once): "
         f"{(fixed + 33.3 * (add_cpu - fixed)) / (fixed + 33.3 * (full_cpu - fixed)):.3f}"
     )
-
-
-def probe_convert(project: Path, record: Path, tree: Path) -> Path:
-    """Run the project's convert stage under benchmarks/stage_probe.py (cold cache; CPU of its whole process tree,
-    pool workers included) appending to `record`."""
-    record.write_text("")
-    probe = f"env PYTHONPATH={shlex.quote(str(REPO))} python -m benchmarks.stage_probe convert {record} {tree} --"
-    dvc = (project / "dvc.yaml").read_text()
-    wrapped = re.sub(r"cmd: ((?:scripts/)?python -m flows\.convert)", lambda m: f"cmd: {probe} {m.group(1)}", dvc)
-    assert wrapped != dvc, "the convert stage's cmd was not found in dvc.yaml"
-    (project / "dvc.yaml").write_text(wrapped)
-    return record
 
 
 def convert_cpu(record: Path) -> float:

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.helpers.project import GIT, REPO
+from tests.helpers.project import GIT, REPO, cached_file
 
 STAGE = """stages:
   make:
@@ -50,15 +50,9 @@ def _repo(root: Path) -> Path:
     return root
 
 
-def _cached(repo: Path, path: Path) -> Path:
-    """The cache file holding the same bytes as `path` (by content address)."""
-    digest = subprocess.run(["md5sum", str(path)], capture_output=True, text=True, check=True).stdout.split()[0]
-    return repo / ".dvc" / "cache" / "files" / "md5" / digest[:2] / digest[2:]
-
-
 def _one_copy(repo: Path, path: Path) -> bool:
     """True when the workspace file and its cache file are the same bytes on disk (hardlink/symlink/reflink)."""
-    cache = _cached(repo, path)
+    cache = cached_file(repo, path)
     if path.is_symlink():
         return path.resolve() == cache.resolve()
     return os.path.samefile(path, cache) or _reflinked(path, cache)
@@ -74,7 +68,7 @@ def test_outs_link_the_cache_and_replacing_by_rename_keeps_it_intact(tmp_path):
     _run(["dvc", "repro"], repo)
     a, b = repo / "out" / "a.bin", repo / "out" / "b.bin"
     assert _one_copy(repo, a) and _one_copy(repo, b)
-    old_b = _cached(repo, b)
+    old_b = cached_file(repo, b)
     (repo / "value.txt").write_text("2")
     _run(["dvc", "repro"], repo)  # persist: the out is kept (DVC unprotects it), b.bin replaced by rename
     assert b.read_text() == "2" * 4096 and _one_copy(repo, b) and _one_copy(repo, a)

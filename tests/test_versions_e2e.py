@@ -21,7 +21,7 @@ from imagenet_parquet.tables import read_curated
 from tests.helpers.datasets import small_jpeg
 from tests.helpers.docs import readme_params
 from tests.helpers.params import write_params
-from tests.helpers.project import GIT, copy_project, up_to_date
+from tests.helpers.project import GIT, cached_file, copy_project, up_to_date
 from tests.test_classes import imagefolder_labels
 from tests.test_remote import _run
 
@@ -56,12 +56,6 @@ def _by_file(tree: Path, split: str) -> dict[bytes, str]:
 
 def _inodes(root: Path) -> dict[str, int]:
     return {p.name: p.stat().st_ino for p in sorted(root.glob("*/*.parquet"))}
-
-
-def _cached(repo: Path, path: Path) -> Path:
-    """The DVC cache file named by the MD5 of `path`'s bytes."""
-    digest = hashlib.md5(path.read_bytes()).hexdigest()
-    return repo / ".dvc/cache/files/md5" / digest[:2] / digest[2:]
 
 
 def _commit(repo: Path, message: str) -> None:
@@ -112,7 +106,7 @@ def test_an_append_round_writes_only_new_shards_and_dvc_is_up_to_date(appended):
     # DVC deleted the directory (not `persist`: no copy of every shard first); convert linked the earlier shards back
     # from the DVC cache: the same inodes, and every shard is one copy on disk with its cache file
     assert {n: i for n, i in _inodes(repo / "data/parquet").items() if n in inodes} == inodes
-    assert all(p.samefile(_cached(repo, p)) for p in sorted((repo / "data/parquet").glob("*/*.parquet")))
+    assert all(p.samefile(cached_file(repo, p)) for p in sorted((repo / "data/parquet").glob("*/*.parquet")))
 
 
 @pytest.mark.parametrize("split", ["train", "val"])

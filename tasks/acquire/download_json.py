@@ -14,6 +14,7 @@ from tasks.acquire.sample import MD5_TABLE
 from tasks.common import PipelineError, write_json
 from tasks.common.archive21k import LAYOUT_KEY
 
+FILE = "download.json"  # under paths.raw
 RECORD_KEYS = ("source", "bytes", "md5", "method")
 
 
@@ -28,17 +29,27 @@ def write_download_json(
     `layout`: archive21k mode's files, recorded under `archive21k`)."""
     for name, r in sorted(records.items()):
         print(f"{name}: {r['bytes']:,} bytes, MD5 {r['md5']}, {r.get('link', r['method'])} from {r['source']}")
-    if any(r["method"] != "sample" for r in records.values()):
-        (raw_dir / MD5_TABLE).unlink(missing_ok=True)  # a stale sample table must not vouch for real archives
-    archives = {name: {key: r[key] for key in RECORD_KEYS} for name, r in records.items()}
-    doc: dict[str, Any] = {"source": redact(source), "archives": archives}
+    if stale_sample_table(raw_dir, records):
+        (raw_dir / MD5_TABLE).unlink()  # a stale sample table must not vouch for real archives
+    doc = archives_doc(source, records)
     if layout is not None:
         doc[LAYOUT_KEY] = layout
     if folder is not None:
         doc = {"source": "folder", "archives": {}, "folder": tree_stat(folder)}
         print(f"folder mode: {doc['folder']['files']:,} files under {folder}, no archive needed")
     raw_dir.mkdir(parents=True, exist_ok=True)
-    return write_json(raw_dir / "download.json", doc)
+    return write_json(raw_dir / FILE, doc)
+
+
+def archives_doc(source: str, records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """download.json's document for the archives' `records` (without archive21k's layout or folder mode)."""
+    archives = {name: {key: r[key] for key in RECORD_KEYS} for name, r in records.items()}
+    return {"source": redact(source), "archives": archives}
+
+
+def stale_sample_table(raw_dir: Path, records: dict[str, dict[str, Any]]) -> bool:
+    """Whether raw_dir holds the built-in sample's MD5 table while the records are of other archives."""
+    return any(r["method"] != "sample" for r in records.values()) and (raw_dir / MD5_TABLE).exists()
 
 
 def tree_stat(folder: Path) -> dict[str, Any]:

@@ -22,12 +22,9 @@ from tasks.acquire.download import Download, plan
 from tasks.acquire.local import local_path
 from tasks.acquire.md5state import cached_md5
 from tasks.acquire.obtain import intact_sample, sample_origin
-from tasks.acquire.remote import kind, redact
-from tasks.acquire.sample import MD5_TABLE
+from tasks.acquire.remote import kind
 from tasks.common.params import load_project
 from tasks.common.runlock import claim_run
-
-NAME = "download.json"
 
 
 def stat_records(job: Download) -> dict[str, dict[str, Any]] | None:
@@ -61,19 +58,18 @@ def _record(source: str, path: Path, md5: str, method: str) -> dict[str, Any]:
 def unchanged(job: Download) -> bool:
     """Whether the flow would find nothing to do and write the download.json that is there already."""
     raw = job.raw_dir
-    if not (raw / NAME).is_file() or any(raw.glob(".*.tmp-*")):
+    if not (raw / download_json.FILE).is_file() or any(raw.glob(".*.tmp-*")):
         return False
     if archive21k.stale_tars(raw, set(job.sources), job.cache_file):
         return False
     records = stat_records(job)
-    if records is None or (any(r["method"] != "sample" for r in records.values()) and (raw / MD5_TABLE).exists()):
+    if records is None or download_json.stale_sample_table(raw, records):
         return False
-    archives = {name: {key: r[key] for key in download_json.RECORD_KEYS} for name, r in records.items()}
     try:
-        found = json.loads((raw / NAME).read_text(encoding="utf-8"))
+        found = json.loads((raw / download_json.FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return bool(found == {"source": redact(job.source), "archives": archives})
+    return bool(found == download_json.archives_doc(job.source, records))
 
 
 def exit_if_unchanged(params_file: str = "params.yaml") -> None:
@@ -87,7 +83,6 @@ def exit_if_unchanged(params_file: str = "params.yaml") -> None:
         claim_run(project.path("work"), "download")
     except Exception:  # bad params, a held run, an unreadable file: the flow runs and says what is wrong
         return
-    print(
-        f"download: nothing to do: {', '.join(sorted(job.sources))} unchanged since {job.raw_dir / NAME} (no flow run)"
-    )
+    names, record = ", ".join(sorted(job.sources)), job.raw_dir / download_json.FILE
+    print(f"download: nothing to do: {names} unchanged since {record} (no flow run)")
     raise SystemExit(0)

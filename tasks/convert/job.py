@@ -47,15 +47,25 @@ class Job:
     def shard_path(self, plan: ShardPlan) -> Path:
         return self.parquet / plan.split / plan.name
 
+    def scratch(self, split: str) -> Path:
+        """The split's scratch directory: per shard its stats, its manifest rows and its resume link."""
+        return self.work / "convert" / split
+
+    def stats_file(self, split: str, shard: str) -> Path:
+        return self.scratch(split) / shard.replace(".parquet", ".json")
+
+    def resume_file(self, split: str, shard: str) -> Path:
+        """The finished shard's resume link beside its stats (tasks/convert/relink.py)."""
+        return self.scratch(split) / shard
+
     def stats_path(self, plan: ShardPlan) -> Path:
-        return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".json")
+        return self.stats_file(plan.split, plan.name)
 
     def resume_path(self, plan: ShardPlan) -> Path:
-        """The finished shard's resume link beside its stats (tasks/convert/relink.py)."""
-        return self.work / "convert" / plan.split / plan.name
+        return self.resume_file(plan.split, plan.name)
 
     def rows_path(self, plan: ShardPlan) -> Path:
-        return self.work / "convert" / plan.split / plan.name.replace(".parquet", ".rows.parquet")
+        return self.scratch(plan.split) / plan.name.replace(".parquet", ".rows.parquet")
 
     def output_params(self) -> dict[str, Any]:
         """Every param that changes the bytes written (stored in each shard's metadata and in every shard's resume

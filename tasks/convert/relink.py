@@ -24,7 +24,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from tasks.common import atomic_path
 from tasks.common.dvc_state import cached_objects
+from tasks.convert.job import Job
 
 
 def keep(shard: Path, link: Path) -> None:
@@ -37,32 +39,37 @@ def keep(shard: Path, link: Path) -> None:
 def restore_finished(link: Path, shard: Path) -> None:
     """Put back a killed run's finished shard that DVC deleted (a missing `shard` whose resume `link` exists)."""
     if not shard.exists() and link.is_file():
-        _link(link, shard, link.stat().st_size)
+        with contextlib.suppress(OSError):
+            os.link(link, shard)
 
 
-def restore_listed(directory: Path, shards: list[dict[str, Any]], scratch: Path) -> int:
-    """Link back each shard of `shards` (layout history entries) missing from `directory`; returns how many."""
-    missing = [s for s in shards if not (directory / str(s["name"])).exists()]
-    if not missing:
-        return 0
-    cached = cached_objects(directory, [str(s["md5"]) for s in missing])
-    directory.mkdir(parents=True, exist_ok=True)
+def restore_listed(job: Job, listed: dict[str, list[dict[str, Any]]]) -> int:
+    """Link back every shard of `listed` (per split, its layout history entries) missing from the Parquet
+    directory — one DVC cache lookup for them all; returns how many."""
+    missing = [(split, s) for split, shards in listed.items() for s in shards if not _target(job, split, s).exists()]
+    cached = cached_objects(job.parquet, [str(s["md5"]) for _, s in missing]) if missing else {}
     restored = 0
-    for entry in missing:
-        sources = (_resume_link(scratch, entry), cached.get(str(entry["md5"])))
-        target, size = directory / str(entry["name"]), entry["file_bytes"]
-        restored += any(_link(src, target, size, copy=src == sources[-1]) for src in sources if src)
+    for split, entry in missing:
+        target, size = _target(job, split, entry), entry["file_bytes"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        resume, kept = _resume_link(job, split, entry), cached.get(str(entry["md5"]))
+        if (resume and _link(resume, target, size)) or (kept and _link(kept, target, size, copy=True)):
+            restored += 1
     return restored
 
 
-def _resume_link(scratch: Path, entry: dict[str, Any]) -> Path | None:
+def _target(job: Job, split: str, entry: dict[str, Any]) -> Path:
+    return job.parquet / split / str(entry["name"])
+
+
+def _resume_link(job: Job, split: str, entry: dict[str, Any]) -> Path | None:
     """The resume link of a listed shard, when its stats carry the listed md5."""
-    link = scratch / str(entry["name"])
     try:
-        stats = json.loads(link.with_suffix(".json").read_text(encoding="utf-8"))
+        stats = json.loads(job.stats_file(split, str(entry["name"])).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return link if isinstance(stats, dict) and stats.get("md5") == entry["md5"] else None
+    ok = isinstance(stats, dict) and stats.get("md5") == entry["md5"]
+    return job.resume_file(split, str(entry["name"])) if ok else None
 
 
 def _link(source: Path, shard: Path, size: int, copy: bool = False) -> bool:
@@ -78,13 +85,11 @@ def _link(source: Path, shard: Path, size: int, copy: bool = False) -> bool:
 
 
 def _copy(source: Path, shard: Path, size: int) -> bool:
-    tmp = shard.with_name(f".{shard.name}.tmp-{os.getpid()}")
     try:
-        shutil.copyfile(source, tmp)
-        if tmp.stat().st_size != size:
-            raise OSError(f"{source}: changed while copied")
-        os.replace(tmp, shard)
+        with atomic_path(shard) as tmp:
+            shutil.copyfile(source, tmp)
+            if tmp.stat().st_size != size:
+                raise OSError(f"{source}: changed while copied")
     except OSError:
-        tmp.unlink(missing_ok=True)
         return False
     return True

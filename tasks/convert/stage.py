@@ -53,6 +53,7 @@ def prepare(job: Job) -> list[ShardPlan]:
     label_map = read_label_map(job.label_map)
     wnid_label = {name: label for label, name in enumerate(class_ids(label_map))}  # the manifests' class key
     history = read_history(job.layout, _identity(job)) or {}
+    restore_listed(job, {split: history[split].shards for split in job.splits() if split in history})
     plans: list[ShardPlan] = []
     for split in job.splits():
         table = _manifest(job.manifest(split))
@@ -60,7 +61,7 @@ def prepare(job: Job) -> list[ShardPlan]:
         split_plans, listed = _plan(job, split, table, history.get(split))
         remove_stale(job.parquet / split, {p.name for p in split_plans} | listed)
         remove_stale(
-            job.work / "convert" / split,
+            job.scratch(split),
             {path.name for p in split_plans for path in (job.stats_path(p), job.rows_path(p), job.resume_path(p))},
         )
         plans += split_plans
@@ -77,9 +78,8 @@ def prepare(job: Job) -> list[ShardPlan]:
 
 def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -> tuple[list[ShardPlan], set[str]]:
     """One split's plans and the shard names its history lists: the canonical layout without a history, else the
-    new rows alone as generation g + 1 (none when nothing is new). Listed shards DVC deleted are linked back first."""
-    if history is not None:
-        restore_listed(job.parquet / split, history.shards, job.work / "convert" / split)
+    new rows alone as generation g + 1 (none when nothing is new); `prepare` has linked back the listed shards DVC
+    deleted."""
     history = usable(history, job.parquet / split, split)
     if history is None:
         rows = ordered(table, job.order)

@@ -2,6 +2,7 @@
 `dvc push` or a deployment (never on the checkout itself)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -53,3 +54,9 @@ def up_to_date(status: str) -> bool:
     source, and an unchanged source changes no output, so nothing after it reruns)."""
     rest = status.replace(ALWAYS_CHANGED, "").strip()
     return rest in ("", "Data and pipelines are up to date.")
+
+
+def cached_file(repo: Path, path: Path) -> Path:
+    """The file of `repo`'s DVC cache named by the MD5 of `path`'s bytes (files/md5/xx/...)."""
+    digest = hashlib.md5(path.read_bytes()).hexdigest()
+    return repo / ".dvc" / "cache" / "files" / "md5" / digest[:2] / digest[2:]

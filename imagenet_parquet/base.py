@@ -12,6 +12,7 @@ import numpy as np
 
 from .decode import Size, decode_image
 from .format import HASH_ALGORITHM, class_ids, read_label_map
+from .heap import release_freed_heap
 from .indexed import IndexedReader, check_image, checked_label
 from .overlay import Overlay, resolve_overlay
 from .shards import RowGroupReader, ShardIndex, Source, find_shards, whole_split
@@ -80,6 +81,7 @@ class ShardedImages:
             self.files, num_classes=len(self.label_names), labels=labels, verify=self.verify, index=self.index
         )
         self._labels: dict[int, np.ndarray] = {}
+        release_freed_heap()  # before a DataLoader forks its workers
 
     def _overlay(self, overlay: Any, split: str | None, view: str | None) -> Overlay | None:
         """The curation overlay (overlay.py): found beside the shards (or fetched with a remote version) by default;

@@ -38,7 +38,11 @@ def test_distinct_pairs_are_group_bys_nulls_included():
     table = pa.table({"wnid": pa.array(["b", "a", None, "a", "b", "c", None, "b"], pa.string()),
                       "label": pa.array([1, 0, 2, 0, None, 3, 2, None], pa.int64())})
     as_read = table.set_column(0, "wnid", table.column("wnid").dictionary_encode())  # manifests.read_columns
-    parts = (table, as_read, table.slice(3), table.slice(0, 0), pa.concat_tables([table.slice(1, 3), table.slice(4)]))
+    rng = random.Random(3)
+    wide = pa.table({"wnid": pa.array([rng.choice(["x", "y", "z", None]) for _ in range(500)], pa.string()),
+                     "label": pa.array([rng.choice([-(2**62), -1, 0, 7, 2**62, None]) for _ in range(500)], pa.int64())})
+    parts = (table, as_read, table.slice(3), table.slice(0, 0), pa.concat_tables([table.slice(1, 3), table.slice(4)]),
+             wide)
     for part in parts:
         grouped = part.group_by(["wnid", "label"]).aggregate([]).to_pylist()
         assert sorted(_distinct_pairs(part), key=str) == sorted(((g["wnid"], g["label"]) for g in grouped), key=str)

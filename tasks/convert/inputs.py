@@ -36,16 +36,20 @@ def _nulls_last(pair: tuple[str | None, int | None]) -> tuple[bool, str, bool, i
 
 def _distinct_pairs(table: pa.Table) -> list[tuple[str | None, int | None]]:
     """The distinct (wnid, label) of the manifest rows, nulls included (not Table.group_by: pyarrow.acero); the
-    class column as read (a dictionary: tasks.common.manifests.read_columns) or plain strings."""
+    class column as read (a dictionary: tasks.common.manifests.read_columns) or plain strings. One 1-D key per row
+    (class code x label code, 0 for a null): a 2-D `np.unique(axis=0)` sorted rows at ~0.5 s per 1.33 M."""
     classes = table.column("wnid").combine_chunks()
     if not pa.types.is_dictionary(classes.type):
         classes = classes.dictionary_encode()
     labels = table.column("label").combine_chunks()
-    columns = (classes.indices, classes.indices.is_null(), labels, labels.is_null())
-    keys = np.stack([int64_values(c) for c in columns], axis=1)
-    names = classes.dictionary.to_pylist()
-    found = (
-        (None if no_class else names[k], None if no_label else label)
-        for k, no_class, label, no_label in np.unique(keys, axis=0).tolist()
-    )
-    return list(dict.fromkeys(found))  # a null's slot holds any value: each pair once
+    class_code = np.where(int64_values(classes.indices.is_null()) == 1, 0, int64_values(classes.indices) + 1)
+    label_null = int64_values(labels.is_null()) == 1
+    values, label_code = np.unique(int64_values(labels)[~label_null], return_inverse=True)
+    codes = np.zeros(len(labels), np.int64)
+    codes[~label_null] = label_code.reshape(-1) + 1
+    width = len(values) + 1
+    names, numbers = classes.dictionary.to_pylist(), values.tolist()
+    return [
+        (None if k // width == 0 else names[k // width - 1], None if k % width == 0 else numbers[k % width - 1])
+        for k in np.unique(class_code * width + codes).tolist()
+    ]

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.validate import scan, stage
+from tasks.validate.converted import CONVERTED_FILE, MANIFESTS_FILE
+from tasks.validate.kept_metadata import METADATA_DIR
 from tasks.validate.report import write_reports
 from tasks.validate.scan import SCAN_DIR, decode_mask
 from tasks.validate.stage import run_validation
@@ -197,3 +199,180 @@ def test_the_decode_sample_is_stable_when_rows_leave_it():
     now = set(kept.index[decode_mask(kept, 40)])
     before = set(np.flatnonzero(full))
     assert before - now == set(sampled) and len(now - before) == 3
+
+
+# ---------------------------------------------------------------- the checks of the shards as converted (converted.py)
+@pytest.fixture
+def converted_runs(monkeypatch) -> list[int]:
+    """One entry per run of the checks of the shards as converted (schema, pandera), with its row count."""
+    runs: list[int] = []
+    original = stage._shard_checks
+
+    def counted(meta, *args, **kwargs):
+        runs.append(len(meta))
+        return original(meta, *args, **kwargs)
+
+    monkeypatch.setattr(stage, "_shard_checks", counted)
+    return runs
+
+
+def _mislabelled(tmp_path: Path) -> Dataset:
+    """_dataset with a pandera failure: a label_name that is not its label's."""
+    ds = make_dataset(tmp_path / "ds", classes=4, train_per_class=8, val_per_class=2)
+    ds.shards = {"train": 4, "val": 2}
+    ds.rows["train"][9]["label_name"] = "not its class"
+    return ds.write()
+
+
+def test_a_curation_round_keeps_the_checks_of_the_shards_as_converted(tmp_path, converted_runs):
+    ds = _mislabelled(tmp_path)
+    work = tmp_path / "work" / "validate"
+    first = _run(ds, work)
+    assert converted_runs == [40] and (work / CONVERTED_FILE).is_file()
+    assert _checks(first)["name_matches_label"]["failures"] == 1
+    assert _run(ds, work) == first and converted_runs == [40]
+    names = [r["image"]["path"] for r in ds.rows["train"][:3]]
+    write_test_overlay(ds.parquet_dir, exclude={("train", n) for n in names}, labels={("train", names[0]): 2})
+    curated = _run(ds, work)
+    assert converted_runs == [40]  # the overlay changed, no shard did
+    assert curated["splits"]["train"]["excluded"] == 3 and _checks(curated)["name_matches_label"]["failures"] == 1
+    assert curated == _run(ds, None) and converted_runs == [40, 40]
+    assert _written(curated, tmp_path / "kept") == _written(_run(ds, None), tmp_path / "full")
+
+
+def test_a_rewritten_shard_runs_the_checks_again_and_its_new_problem_is_reported(tmp_path, converted_runs):
+    ds = _mislabelled(tmp_path)
+    work = tmp_path / "work" / "validate"
+    before = _run(ds, work)
+    shard = sorted((ds.parquet_dir / "train").glob("*.parquet"))[3]
+    rows = pq.read_table(shard).to_pylist()
+    rows[0]["width"] = 0
+    pq.write_table(pa.Table.from_pylist(rows, schema=pq.read_schema(shard)), shard, row_group_size=4)
+    write_test_overlay(ds.parquet_dir)
+    after = _run(ds, work)
+    assert converted_runs == [40, 40]
+    assert _checks(before)["positive_size"]["status"] == "pass" != _checks(after)["positive_size"]["status"]
+    assert after == _run(ds, None)  # the version index's shard digests included
+
+
+def _foreign_result(doc: dict[str, Any]) -> None:
+    doc["results"][0]["name"] = "made_up_check"
+
+
+def _passing_all(doc: dict[str, Any]) -> None:
+    for result in doc["results"]:
+        result.update(status="pass", failures=0, examples=[])
+    doc["key"]["shards"][0][3] += 1  # ... under a key that no longer matches
+
+
+def _missing_field(doc: dict[str, Any]) -> None:
+    del doc["results"][-1]["examples"]
+
+
+def _digests_as_list(doc: dict[str, Any]) -> None:
+    doc["extra"] = [doc["extra"]]
+
+
+def _digest_as_number(doc: dict[str, Any]) -> None:
+    doc["extra"]["train"] = {k: 1.5 for k in doc["extra"]["train"]}
+
+
+@pytest.mark.parametrize("damage", ["not json {", "[]", "", _foreign_result, _passing_all, _missing_field,
+                                    _digests_as_list, _digest_as_number])
+def test_damaged_kept_checks_are_not_trusted(tmp_path, converted_runs, damage):
+    ds = _mislabelled(tmp_path)
+    work = tmp_path / "work" / "validate"
+    expected = _run(ds, work)
+    kept = work / CONVERTED_FILE
+    if callable(damage):
+        doc = json.loads(kept.read_text())
+        damage(doc)
+        damage = json.dumps(doc)
+    kept.write_text(damage)
+    assert _run(ds, work) == expected and len(converted_runs) == 2
+    assert _run(ds, work) == expected and len(converted_runs) == 2  # kept again, whole
+
+
+@pytest.fixture
+def manifest_runs(monkeypatch) -> list[str]:
+    runs: list[str] = []
+    original = stage.manifest_label_check
+
+    def counted(*args, **kwargs):
+        runs.append("labels")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(stage, "manifest_label_check", counted)
+    return runs
+
+
+def test_the_checks_against_the_manifests_are_kept_until_a_manifest_changes(tmp_path, converted_runs,
+                                                                            manifest_runs):
+    ds = _mislabelled(tmp_path)
+    work = tmp_path / "work" / "validate"
+    first = _run(ds, work)
+    assert (work / MANIFESTS_FILE).is_file() and _checks(first)["labels_match_manifest"]["status"] == "pass"
+    write_test_overlay(ds.parquet_dir, exclude={("train", ds.rows["train"][0]["image"]["path"])})
+    assert _run(ds, work) == _run(ds, None) and manifest_runs == ["labels", "labels"]  # kept, then the run without
+    ds.manifests["train"][4]["label"] = (ds.manifests["train"][4]["label"] + 1) % 4  # the manifest says otherwise
+    ds.write()  # the shards are written again as they were: new inodes and mtimes
+    write_test_overlay(ds.parquet_dir, exclude={("train", ds.rows["train"][0]["image"]["path"])})
+    del converted_runs[:], manifest_runs[:]
+    again = _run(ds, work)
+    assert manifest_runs == ["labels"] and _checks(again)["labels_match_manifest"]["failures"] == 1
+    assert again == _run(ds, None)
+    kept = json.loads((work / MANIFESTS_FILE).read_text())
+    manifest = ds.manifests_dir / "train.parquet"
+    manifest.write_bytes(manifest.read_bytes())  # same bytes, new mtime: the manifests are keyed by content
+    del manifest_runs[:]
+    assert _run(ds, work) == again and manifest_runs == []
+    assert json.loads((work / MANIFESTS_FILE).read_text()) == kept
+
+
+# ---------------------------------------------------------------- each shard's metadata table (kept_metadata.py)
+@pytest.fixture
+def table_reads(monkeypatch) -> list[str]:
+    """The shards whose metadata columns were read from the Parquet file (split/name)."""
+    reads: list[str] = []
+    original = scan._read_shard_metadata
+
+    def counted(path, footer=None):
+        reads.append(f"{path.parent.name}/{path.name}")
+        return original(path, footer)
+
+    monkeypatch.setattr(scan, "_read_shard_metadata", counted)
+    return reads
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def _other_shard(path: Path) -> None:  # another shard's table, under this one's name
+    other = sorted(path.parent.glob("*.arrow"))
+    path.write_bytes(other[0 if other[0] != path else 1].read_bytes())
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"ARROW1 but nothing else")
+
+
+@pytest.mark.parametrize("damage", [_truncated, _other_shard, _garbage])
+def test_kept_metadata_tables_are_reused_refreshed_and_never_trusted_damaged(tmp_path, table_reads, damage):
+    ds = _dataset(tmp_path)
+    work = tmp_path / "work" / "validate"
+    expected = _run(ds, work)
+    tables = sorted((work / METADATA_DIR).glob("*/*.arrow"))
+    assert len(tables) == 6 and len(table_reads) == 6
+    write_test_overlay(ds.parquet_dir, exclude={("train", ds.rows["train"][1]["image"]["path"])})
+    curated = _run(ds, work)
+    assert len(table_reads) == 6 and curated == _run(ds, None)  # none read again, then all six without work
+    del table_reads[:]
+    damage(tables[0])
+    (work / METADATA_DIR / "train" / "gone.parquet.arrow").write_bytes(tables[1].read_bytes())
+    assert _run(ds, work) == curated
+    assert table_reads == [f"{tables[0].parent.name}/{tables[0].stem}"]
+    assert not (work / METADATA_DIR / "train" / "gone.parquet.arrow").exists()
+    del table_reads[:]
+    assert _run(ds, work) == curated and table_reads == []
+    assert expected["splits"]["train"]["excluded"] == 0 != curated["splits"]["train"]["excluded"]

@@ -45,29 +45,42 @@ def version_index(
     label_map: dict[str, Any],
     curation: dict[str, Any],
     shard_maps: dict[tuple[str, str], str] | None = None,
+    shards: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The index of this version (deterministic: sorted, no timestamps): classes of the `merged` view (the rows
-    kept, labels now), shards of the rows `stored` (labels as stored: column `label_stored` where present),
-    curation lines of curation.json. `shard_maps` (appended shards): (split, shard) -> the digest of the shard's
-    own label map, which its digest covers instead of label_map.json's (a new class rewrites no old shard)."""
-    labels = label_map_digest(label_map)
-    index: dict[str, Any] = {"label_map": labels, "classes": {}, "shards": {}}
-    label_column = "label_stored" if "label_stored" in stored else "label"
+    kept, labels now), shards of the rows `stored` (`shard_digests`; `shards`: those digests, kept from a run over
+    the same shards), curation lines of curation.json."""
+    index: dict[str, Any] = {"label_map": label_map_digest(label_map), "classes": {}, "shards": {}}
     for split in SPLITS:
-        rows, kept = stored[stored["split"] == split], merged[merged["split"] == split]
+        kept = merged[merged["split"] == split]
         images = _grouped(kept["wnid"], kept["image_path"], kept["sha256"])
         index["classes"][split] = {
             wnid: {"count": len(group), "digest": _digest(sorted(group))} for wnid, group in images.items()
         }
-        shards = _grouped(rows["shard"], rows["image_path"], rows[label_column], rows["sha256"])
-        index["shards"][split] = {
-            shard: _digest([(shard_maps or {}).get((split, shard), labels), [list(row) for row in group]])
-            for shard, group in shards.items()
-        }
+    index["shards"] = shards if shards is not None else shard_digests(stored, label_map, shard_maps)
     index["curated"] = curated_lines(curation)
     if "source" in curation:  # appended shards or images removed from the source (issue 33): their counts
         index["source"] = source_counts(curation["source"])
     return index
+
+
+def shard_digests(
+    stored: pd.DataFrame, label_map: dict[str, Any], shard_maps: dict[tuple[str, str], str] | None = None
+) -> dict[str, dict[str, str]]:
+    """Per split and shard, a digest of its rows as stored (labels as stored: column `label_stored` where present)
+    and of the label map they are numbered by: label_map.json's, or with appended shards (`shard_maps`:
+    (split, shard) -> the digest of the shard's own label map) the shard's own (a new class rewrites no old shard)."""
+    labels = label_map_digest(label_map)
+    label_column = "label_stored" if "label_stored" in stored else "label"
+    found: dict[str, dict[str, str]] = {}
+    for split in SPLITS:
+        rows = stored[stored["split"] == split]
+        shards = _grouped(rows["shard"], rows["image_path"], rows[label_column], rows["sha256"])
+        found[split] = {
+            shard: _digest([(shard_maps or {}).get((split, shard), labels), [list(row) for row in group]])
+            for shard, group in shards.items()
+        }
+    return found
 
 
 SOURCE_COUNTS = {"removed": "removed from source", "replaced": "replaced by a newer version", "appended": "appended"}

@@ -21,8 +21,9 @@ from tasks.common import SPLITS, PipelineError
 from tasks.common.layout import BAD_IMAGES, EXTRACT_REPORT
 from tasks.common.manifests import manifest_path
 from tasks.common.params import ValidateParams
-from tasks.validate.changes import version_index
+from tasks.validate.changes import shard_digests, version_index
 from tasks.validate.checks import DESCRIPTIONS, CheckResult, row_failures, shard_schema_check
+from tasks.validate.converted import CONVERTED_FILE, MANIFESTS_FILE, KeptChecks, manifest_inputs
 from tasks.validate.dataset_checks import (
     class_count_check,
     class_set_check,
@@ -32,6 +33,7 @@ from tasks.validate.dataset_checks import (
     manifest_check,
     manifest_label_check,
 )
+from tasks.validate.kept_metadata import METADATA_DIR, KeptMetadata
 from tasks.validate.merged import View, apply_overlays, merged_frame, overlay_formats, require_overlays
 from tasks.validate.near_dup import NEAR_DIR, PairCache, near_duplicate_check
 from tasks.validate.report import build_report, failure_summary, plain
@@ -106,25 +108,33 @@ def run_validation(
     leakage, near-duplicates and the decode sample are of the merged view: the curation overlay in `overlay_dir`
     (None: `<parquet_dir>/../overlay`, where readers find it) applied — labels now, excluded rows dropped.
     `work_dir` (`<paths.work>/validate`): scratch space where each shard's byte findings are kept (`scan/`) and
-    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan); the
-    report is the same either way. None: every shard's bytes are read."""
+    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan), and the
+    checks of the shards as converted and against the manifests while neither changed (`converted.json`,
+    `manifests.json`: tasks.validate.converted), and
+    each unchanged shard's metadata columns (`metadata/`, tasks.validate.kept_metadata); the
+    report is the same either way. None: every shard's bytes are read, every check run."""
     overlays = Path(overlay_dir) if overlay_dir is not None else Path(parquet_dir).parent / OVERLAY_DIR
     curation = require_overlays(overlays)  # before any shard is read
     label_map = read_label_map(label_map_path)
     manifests = load_manifests(manifests_dir)
     bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
-    meta, plan = read_metadata(list_shards(parquet_dir))
-    limit = params.report_examples
-    sources = shard_sources(plan, label_map, LABEL_MAP_FORMAT in overlay_formats(overlays).values())
-    results = _shard_checks(meta, plan, sources, label_map, limit)
+    listed, limit = list_shards(parquet_dir), params.report_examples
+    format2 = LABEL_MAP_FORMAT in overlay_formats(overlays).values()
+    inputs = manifest_inputs(Path(manifests_dir), Path(parquet_dir) / BAD_IMAGES)
+    kept = KeptChecks(work_dir, listed, label_map, format2, limit, inputs)  # keys read before the shards are
+    tables = KeptMetadata(Path(work_dir) / METADATA_DIR if work_dir is not None else None)
+    meta, plan = read_metadata(listed, tables)
+    tables.prune(listed)
+    sources = shard_sources(plan, label_map, format2)
+    results, shards = _as_converted(meta, plan, sources, label_map, limit, kept)
     masks = _classes_as_found(meta, plan, sources, label_map, manifests)
     live = None if masks is None else masks["live"]
     meta = meta.reindex(columns=list(dict.fromkeys([*meta.columns, "image_path", *COLUMNS[1:]])))
     view = apply_overlays(meta, plan, overlays, label_map, limit, live, appended_splits(plan, sources, label_map))
     merged = merged_frame(meta, view, label_map)
     checked = meta if live is None else meta[live]  # the rows the source holds now, against the manifests
-    manifest_result, totals = manifest_check(checked, manifests, bad, limit)
-    results += [view.result, manifest_result, manifest_label_check(checked, manifests, limit)]
+    against, totals = _against_manifests(checked, manifests, bad, limit, kept)
+    results += [view.result, *against]
     classes, counts, class_results = _class_checks(merged, label_map, params, Path(manifests_dir))
     cache = ScanCache(Path(work_dir) / SCAN_DIR) if work_dir is not None else None
     findings = scan_bytes(plan, meta, _decode_rows(meta, merged, params.decode_sample), params.workers, cache=cache)
@@ -141,9 +151,37 @@ def run_validation(
         splits[split].update(appended_totals(meta, split, masks or {}, view.keep))
     report = build_report(_ordered(results), splits, classes, counts, bad, label_map, params)
     report["curation"] = {k: v for k, v in curation.items() if k != "applied"}
-    maps = sources.map_digests(plan) if sources.mixed else None
-    report["version"] = version_index(meta, merged, label_map, curation, maps)  # flows/validate records, then drops
+    report["version"] = version_index(meta, merged, label_map, curation, shards=shards)  # recorded, then dropped
     return {**report, "near_duplicates": plain(near_section)}
+
+
+def _as_converted(
+    meta: pd.DataFrame, plan: list[Shard], sources: Sources, label_map: dict[str, Any], limit: int, kept: KeptChecks
+) -> tuple[list[CheckResult], dict[str, Any]]:
+    """The checks of the shards as converted and the version index's shard digests (labels as stored: before
+    `_classes_as_found`): kept from a run over the same shards (tasks/validate/converted.py), else found and kept."""
+    found = kept.load(CONVERTED_FILE)
+    if found is not None:
+        return found
+    results = _shard_checks(meta, plan, sources, label_map, limit)
+    stored = meta.reindex(columns=["split", "shard", "image_path", "label", "sha256"])
+    digests = shard_digests(stored, label_map, sources.map_digests(plan) if sources.mixed else None)
+    kept.store(CONVERTED_FILE, results, digests)
+    return results, digests
+
+
+def _against_manifests(
+    checked: pd.DataFrame, manifests: dict[str, pd.DataFrame], bad: pd.DataFrame, limit: int, kept: KeptChecks
+) -> tuple[list[CheckResult], dict[str, Any]]:
+    """The shard rows the source holds against the manifests (totals, labels) and the split totals: kept from a
+    run over the same shards and manifests, else found and kept."""
+    found = kept.load(MANIFESTS_FILE)
+    if found is not None:
+        return found
+    totals_result, totals = manifest_check(checked, manifests, bad, limit)
+    results = [totals_result, manifest_label_check(checked, manifests, limit)]
+    kept.store(MANIFESTS_FILE, results, totals)
+    return results, totals
 
 
 def _shard_checks(

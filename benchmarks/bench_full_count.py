@@ -308,6 +308,10 @@ def reader_rows(runs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         ("map-style: time to first batch s", lambda d: f"{d['map']['first']:.2f}"),
         ("map-style: peak RSS (USS) per worker MB", lambda d: _rss(d["map"])),
         ("reader main process peak RSS MB", lambda d: f"{d['main_rss_mb']:.0f}"),
+        (
+            "baseline: a worker of a null dataset, peak RSS (USS) MB",
+            lambda d: _rss(d["floor"]) if "floor" in d else "-",
+        ),
     ]
     return [(name, *(fn(r["reader"]) if "iter" in r["reader"] else "-" for r in runs)) for name, fn in keys]
 

@@ -6,7 +6,9 @@ A first epoch of `ParquetIterableDataset(train, crop=TrainCrop(224), batch_size=
 workers (time from opening the dataset to the first batch, img/s, each worker's peak RSS sampled from /proc); a
 resume from the middle of that epoch (`{"epoch": 0, "samples_seen": n}`), its first three batches' labels checked
 equal to the uninterrupted epoch's; a map-style random-access pass over MAP_IMAGES images (`ParquetImageDataset`,
-DataLoader shuffle, 2 workers). Prints one JSON line."""
+DataLoader shuffle, 2 workers); the baseline of a worker's memory: the same DataLoader over a dataset that holds
+nothing and yields zero tensors of TrainCrop's shape (what torch, the DataLoader and a batch cost a worker,
+whatever the reader). Prints one JSON line."""
 
 from __future__ import annotations
 
@@ -25,6 +27,20 @@ from torch.utils.data import DataLoader
 from imagenet_parquet import ParquetImageDataset, ParquetIterableDataset, TrainCrop
 
 BATCH, WORKERS, CHECKED = 256, 2, 3
+FLOOR_BATCHES = 60  # of the null dataset: enough for each worker's peak (its prefetched batches in flight)
+
+
+class NullImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """`total` rows, no storage: each a zero 3 x 224 x 224 uint8 image (TrainCrop's output) and label 0."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.zeros(3, 224, 224, dtype=torch.uint8), 0
 
 
 class WorkerRss(threading.Thread):
@@ -87,6 +103,16 @@ def mapped(root: str) -> DataLoader[Any]:
     )
 
 
+def null_loader(total: int) -> DataLoader[Any]:
+    return DataLoader(
+        NullImages(total),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=WORKERS,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
 def main() -> None:
     root, map_images = sys.argv[1], int(sys.argv[2])
     total = len(ParquetImageDataset(root, "train", decode=False))
@@ -97,11 +123,13 @@ def main() -> None:
     resumed = timed_loader(lambda: iterable(root, state), CHECKED * BATCH, lambda step: step < CHECKED)
     equal = [resumed["kept"][k] for k in range(CHECKED)] == [epoch["kept"][middle + k] for k in range(CHECKED)]
     rand = timed_loader(lambda: mapped(root), map_images, lambda step: False)
-    for found in (epoch, resumed, rand):
+    floor = timed_loader(lambda: null_loader(total), FLOOR_BATCHES * BATCH, lambda step: False)
+    for found in (epoch, resumed, rand, floor):
         found.pop("kept")
     main_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     resume = {**resumed, "equal": equal, "at": middle * BATCH}
-    print(json.dumps({"iter": epoch, "resume": resume, "map": rand, "main_rss_mb": main_rss, "total": total}))
+    found = {"iter": epoch, "resume": resume, "map": rand, "floor": floor, "main_rss_mb": main_rss, "total": total}
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":

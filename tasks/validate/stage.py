@@ -108,20 +108,19 @@ def run_validation(
     leakage, near-duplicates and the decode sample are of the merged view: the curation overlay in `overlay_dir`
     (None: `<parquet_dir>/../overlay`, where readers find it) applied — labels now, excluded rows dropped.
     `work_dir` (`<paths.work>/validate`): scratch space where each shard's byte findings are kept (`scan/`) and
-    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan), and the
-    checks of the shards as converted and against the manifests while neither changed (`converted.json`,
-    `manifests.json`: tasks.validate.converted), and
-    each unchanged shard's metadata columns (`metadata/`, tasks.validate.kept_metadata); the
-    report is the same either way. None: every shard's bytes are read, every check run."""
+    reused while the shard and what its rows are checked against are unchanged (tasks.validate.scan); each
+    unchanged shard's metadata columns (`metadata/`, tasks.validate.kept_metadata); the checks of the shards as
+    converted and against the manifests while neither changed (`converted.json`, `manifests.json`:
+    tasks.validate.converted). The report is the same either way. None: every shard read, every check run."""
     overlays = Path(overlay_dir) if overlay_dir is not None else Path(parquet_dir).parent / OVERLAY_DIR
     curation = require_overlays(overlays)  # before any shard is read
     label_map = read_label_map(label_map_path)
-    manifests = load_manifests(manifests_dir)
-    bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     listed, limit = list_shards(parquet_dir), params.report_examples
     format2 = LABEL_MAP_FORMAT in overlay_formats(overlays).values()
     inputs = manifest_inputs(Path(manifests_dir), Path(parquet_dir) / BAD_IMAGES)
-    kept = KeptChecks(work_dir, listed, label_map, format2, limit, inputs)  # keys read before the shards are
+    kept = KeptChecks(work_dir, listed, label_map, format2, limit, inputs)  # keyed before shards, manifests are read
+    manifests = load_manifests(manifests_dir)
+    bad = load_bad_images(Path(parquet_dir) / BAD_IMAGES)
     tables = KeptMetadata(Path(work_dir) / METADATA_DIR if work_dir is not None else None)
     meta, plan = read_metadata(listed, tables)
     tables.prune(listed)

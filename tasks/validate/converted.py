@@ -24,13 +24,12 @@ from typing import Any
 import pandas as pd
 import pandera
 
-from imagenet_parquet.format import FormatError
-from imagenet_parquet.overlay import footer_digest, footer_tail
 from tasks.common import SPLITS, write_json
 from tasks.common.files import UnfitFile, read_small_text
 from tasks.common.manifests import manifest_path
 from tasks.validate.changes import label_map_digest
 from tasks.validate.checks import DESCRIPTIONS, CheckResult
+from tasks.validate.kept_metadata import shard_identity
 
 CONVERTED_FILE, MANIFESTS_FILE = "converted.json", "manifests.json"
 RULES_VERSION = 1  # bump when a check kept here, the shard digest or the split totals change
@@ -83,12 +82,10 @@ def shards_key(
     found = []
     for split in SPLITS:
         for path in shards.get(split, []):
-            try:
-                st = os.stat(path)
-                footer = footer_digest(footer_tail(path))
-            except (OSError, FormatError):
+            identity = shard_identity(path)
+            if identity is None:
                 return None
-            found.append([split, path.name, st.st_size, st.st_mtime_ns, st.st_ino, footer])
+            found.append({"split": split, **identity})
     return {
         "rules": RULES_VERSION,
         "pandera": pandera.__version__,

@@ -48,7 +48,7 @@ class KeptMetadata:
             return _plain(*load(path, None))
         if self.directory is None:
             return _plain(*load(path, footer))
-        kept, key = self.file(split, path), _key(path, footer_digest(tail))
+        kept, key = self.file(split, path), _key(path, tail)
         table = _read_kept(kept, key, footer.num_rows) if key is not None else None
         if table is not None:
             return table, footer
@@ -76,20 +76,27 @@ def _plain(table: pa.Table, footer: pq.FileMetaData) -> tuple[pa.Table, pq.FileM
     return table.replace_schema_metadata(None), footer
 
 
-def _key(path: Path, footer: str) -> dict[str, Any] | None:
+def shard_identity(path: Path, tail: bytes | None = None) -> dict[str, Any] | None:
+    """The key every result validate keeps for a shard starts from (the byte findings, the converted checks, the
+    metadata table): its name, size, mtime, inode and footer SHA-256 (`tail`: its footer tail, already read).
+    None when the file cannot be stat'ed or its footer read: nothing is then kept or reused for it."""
     try:
         st = os.stat(path)
-    except OSError:
+        footer = footer_digest(tail if tail is not None else footer_tail(path))
+    except (OSError, FormatError):
         return None
     return {
-        "layout": LAYOUT_VERSION,
-        "pyarrow": pa.__version__,
         "name": path.name,
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
         "inode": st.st_ino,
         "footer_sha256": footer,
     }
+
+
+def _key(path: Path, tail: bytes) -> dict[str, Any] | None:
+    identity = shard_identity(path, tail)
+    return None if identity is None else {"layout": LAYOUT_VERSION, "pyarrow": pa.__version__, **identity}
 
 
 def _read_kept(kept: Path, key: dict[str, Any], rows: int) -> pa.Table | None:

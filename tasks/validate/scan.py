@@ -47,12 +47,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, FormatError, decode_image_index, plain_value
-from imagenet_parquet.overlay import footer_digest, footer_tail
+from imagenet_parquet.format import IMAGE_INDEX_KEY, SMALL_COLUMNS, decode_image_index, plain_value
 from tasks.common import SPLITS, PipelineError, write_json
 from tasks.common.files import UnfitFile, read_small_text
 from tasks.common.progress import Progress
-from tasks.validate.kept_metadata import KeptMetadata
+from tasks.validate.kept_metadata import KeptMetadata, shard_identity
 
 POOL_MIN_BYTES = 64 << 20  # less than this is checked in-process: a pool's start costs more than it saves
 
@@ -388,20 +387,14 @@ class ScanCache:
     def key(self, job: ShardScan) -> dict[str, Any] | None:
         """What the findings of `job` depend on, read before its bytes are; None when the shard cannot be keyed
         (it is then scanned, and what is wrong with it reported by the scan)."""
-        try:
-            st = os.stat(job.path)
-            footer = footer_digest(footer_tail(job.path))
-        except (OSError, FormatError):
+        identity = shard_identity(job.path)
+        if identity is None:
             return None
         return {
             "scanner": SCANNER_VERSION,
             "pillow": PIL.__version__,
             "split": job.split,
-            "name": job.path.name,
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "inode": st.st_ino,
-            "footer_sha256": footer,
+            **identity,
             "rows": job.rows,
             "inputs_sha256": inputs_digest(job),
         }

@@ -118,7 +118,8 @@ class ShardedImages:
         *,
         split: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_gb: float = 20.0,
+        cache_gb: float | None = None,
+        cache_limit: str | int | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 15.0,
         object_timeout: float = 45.0,
@@ -136,18 +137,27 @@ class ShardedImages:
         (`auth`, `user`, `password`, `custom_auth_header`; secrets in .dvc/config.local) or
         IMAGENET_PARQUET_HTTP_USER / IMAGENET_PARQUET_HTTP_PASSWORD. Row groups are fetched by range requests
         when first read, by the process that reads them, checked against their sha256 column, into a local cache
-        of at most `cache_gb` (`cache_dir`, default ~/.cache/imagenet-parquet). Every request: `connect_timeout`,
+        of at most `cache_limit` ("200GB", "1.5TB", "500GiB" or bytes; or `cache_gb`; default 20 GB) at any moment
+        (`cache_dir`, default ~/.cache/imagenet-parquet): one per node, shared by its ranks and workers, every image
+        checked again when read from it. Every request: `connect_timeout`,
         `read_timeout` (seconds without a byte), `retries` with exponential backoff from `retry_backoff` seconds,
         all within `object_timeout` seconds per object (the defaults make a stalled server an error within a
         minute). `view`: a named view (data/views/<view>/<split>.parquet, fetched and checked as the overlay is)
         instead of the whole curated dataset; only its rows' image bytes are fetched where it keeps few of a row
         group's. `kwargs` go to the dataset (transform, seed, ...)."""
+        from .cache import parse_size
         from .fetch import Policy
         from .remote import open_dvc
 
+        if cache_gb is not None and cache_limit is not None:
+            raise ValueError(f"cache_gb, cache_limit: expected one of them, found both ({cache_gb}, {cache_limit!r})")
+        if cache_limit is not None:
+            limit = parse_size(cache_limit)
+        else:
+            limit = parse_size((20.0 if cache_gb is None else cache_gb) * 1e9, "cache_gb")
         policy = Policy(connect_timeout, read_timeout, object_timeout, retries, retry_backoff)
         target = f"{path.rstrip('/')}/{split}" if split else path
-        shards = open_dvc(Path(repo), target, rev, remote, cache_dir, cache_gb, policy, view)
+        shards = open_dvc(Path(repo), target, rev, remote, cache_dir, limit, policy, view)
         return cls(shards, view=view, **kwargs)
 
     def __repr__(self) -> str:
@@ -221,6 +231,11 @@ class ShardedImages:
             file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
             labels = self._labels[unit] = self.remote.read_row_group(file, group, ["label"]).column(0).to_numpy()
         return labels
+
+    def _prefetch(self, unit: int) -> None:
+        """Row group `unit` (or the rows of it the overlay keeps) into the remote's node cache (predownload)."""
+        assert self.remote is not None
+        self.remote.prefetch(int(self.index.file_of[unit]), int(self.index.group_of[unit]), self._sparse(unit))
 
     def _willneed(self, indices: list[int]) -> None:
         """Ask the kernel for these rows' images (POSIX_FADV_WILLNEED; local shards with the byte index)."""

@@ -13,14 +13,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .base import ShardedImages, _worker
+from .cache import EvictionPlan
 from .decode import Size
-from .overlay import kept_order
-from .partition import Position, epoch_order, rank_positions, worker_positions
+from .partition import Position, rank_positions, worker_positions
+from .predownload import Predownload
 from .readahead import read_ahead
 from .resume import Resumable
 from .shards import Source
@@ -41,6 +43,28 @@ else:
         from torch.utils.data import Sampler as _SamplerBase
     except ImportError:  # pragma: no cover - exercised by the no-torch import test in a subprocess
         _MapBase = _IterBase = _SamplerBase = object
+
+
+@dataclass
+class NodeReads:
+    """A worker's part in its node's cache (remote shards): the node's eviction plan, the node read each of the
+    worker's positions is (`cursor`), the row group of each of its rows, and its predownload thread."""
+
+    plan: EvictionPlan | None = None
+    cursor: np.ndarray | None = None
+    units: np.ndarray | None = None
+    ahead: Predownload | None = None
+
+    def reading(self, i: int) -> None:
+        """The worker is about to read its `i`-th row."""
+        if self.plan is not None and self.cursor is not None and i < len(self.cursor):
+            self.plan.cursor = int(self.cursor[i])
+        if self.ahead is not None and self.units is not None and i < len(self.units):
+            self.ahead.reading(int(self.units[i]))
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
 
 
 class ParquetImageDataset(ShardedImages, _MapBase):
@@ -169,6 +193,9 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         verify: bool = False,
         crop: Callable[[bytes], Any] | None = None,
         view: str | None = None,
+        canonical_nodes: int | str | None = "auto",
+        ranks_per_node: int | None = None,
+        predownload: int = 0,
     ):
         super().__init__(
             source, split, transform, target_transform, draft_size, decode, label_map, 1, overlay, verify, crop, view
@@ -181,11 +208,14 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
             window = max(1, round(shuffle_buffer * len(self.index.rows) / max(1, len(self.index))))
         self.overlay_digest = None if self.overlay is None else self.overlay.digest
         self.read_ahead, self.batch_size = read_ahead, batch_size
-        self._init_order(shuffle, window, seed, rank, world_size, uneven)
+        if predownload < 0:
+            raise ValueError(f"predownload: expected >= 0 row groups, found {predownload}")
+        self.predownload = predownload
+        self._init_order(shuffle, window, seed, rank, world_size, uneven, canonical_nodes, ranks_per_node)
         self._reader.cache_size = max(1, window)  # shards without the byte index: a window's row groups
 
-    def _topology(self) -> tuple[int, int, int]:
-        return self.world_size, _worker()[1], self.batch_size or 1
+    def _topology(self) -> tuple[int, int, int, int]:
+        return self.world_size, _worker()[1], self.batch_size or 1, self.nodes
 
     def _total(self) -> int:
         return self.num_images
@@ -196,7 +226,7 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         if position.topology[1] > 1:
             raise ValueError(
                 f"state: saved by one of {position.topology[1]} DataLoader workers of a run with (world_size, "
-                f"num_workers, batch_size) = {tuple(position.topology)}, found {self._topology()} now; on "
+                f"num_workers, batch_size, nodes) = {tuple(position.topology)}, found {self._topology()} now; on "
                 'another topology load {"epoch": e, "samples_seen": n} instead (n: images of the global steps '
                 "your loop finished), or resume on the same topology"
             )
@@ -210,22 +240,46 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         """(bytes, label) of this (rank, worker)'s positions of the epoch order, in order, read ahead."""
         worker, workers = _worker()
         start, local, count = self._begin()
-        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window, self.index.generations)
-        order = kept_order(order, self.overlay)
-        positions = rank_positions(self._total(), start.origin, self.rank, self.world_size, self.uneven)
+        order, positions = self._order(), self._positions(start.origin)
         mine = worker_positions(count, self.batch_size or 1, worker, workers, local)
         rows = order[positions[mine]].tolist()  # the global rows this worker yields, in order
         pieces = [(k, min(k + 64, len(rows))) for k in range(0, len(rows), 64)]  # 64 of them at a time
+        node = self._node_reads(order, start.origin, positions[mine], rows)
 
         def hint(ahead: Sequence[tuple[int, int]]) -> None:
             self._willneed([i for a, b in ahead for i in rows[a:b]])
 
         def load(piece: tuple[int, int]) -> list[tuple[bytes, int]]:
+            node.reading(piece[0])
             return [self._read_row(i) for i in rows[piece[0] : piece[1]]]
 
         loads = read_ahead(pieces, load, self.read_ahead, hint, self.read_ahead + 2)
-        for (a, b), loaded in zip(pieces, loads, strict=True):
-            for done, row in zip(mine[a:b].tolist(), loaded, strict=True):
-                self._advance(done + 1)  # before the yield: a snapshot taken after it counts this row
-                yield row
+        try:
+            for (a, b), loaded in zip(pieces, loads, strict=True):
+                for done, row in zip(mine[a:b].tolist(), loaded, strict=True):
+                    self._advance(done + 1)  # before the yield: a snapshot taken after it counts this row
+                    yield row
+        finally:
+            node.close()
         self._resume = None  # this pass is done: a next pass over the epoch starts at its beginning
+
+    def _node_reads(self, order: np.ndarray, origin: int, positions: np.ndarray, rows: list[int]) -> NodeReads:
+        """What this worker tells the node cache (remote shards): where its node reads each row group this epoch
+        (the eviction plan), and which row groups to fetch ahead (`predownload`)."""
+        if self.remote is None:
+            return NodeReads()
+        per = self.world_size // self.nodes
+        node = self.rank // per
+        ranks = range(node * per, (node + 1) * per)
+        total, world, uneven = self._total(), self.world_size, self.uneven
+        reads = np.sort(
+            np.concatenate([rank_positions(total, origin, self._slot_of(r, origin), world, uneven) for r in ranks])
+        )
+        units = np.searchsorted(self.index.starts, order[reads], side="right") - 1
+        file_units = np.searchsorted(self.index.file_of, np.arange(len(self.files)))
+        md5s = [md5 for _, md5 in self.remote.entries]
+        plan = EvictionPlan.of_reads(md5s, file_units, units, len(self.index.rows))
+        self.remote.cache.plan = plan
+        mine = np.searchsorted(self.index.starts, np.asarray(rows, dtype=np.int64), side="right") - 1
+        ahead = Predownload(mine.tolist(), self._prefetch, self.predownload) if self.predownload else None
+        return NodeReads(plan, np.searchsorted(reads, positions), mine, ahead)

@@ -25,6 +25,10 @@ class Corrupt(Exception):
     """Bytes from the remote that fail their check (length, Parquet structure, sha256): fetched again."""
 
 
+class Final(Exception):
+    """An error of the reader's own that no retry mends (raised as it is: e.g. cache.NoRoom)."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """Limits of every remote request: seconds to connect, seconds without a byte while reading, seconds for all
@@ -223,7 +227,7 @@ class Fetcher:
                 "instead of 206 with the bytes asked for); serve the remote with a server that answers byte "
                 "ranges (nginx, Apache, S3 — not `python -m http.server`)"
             ) from None
-        if isinstance(err, RemoteError):
+        if isinstance(err, (RemoteError, Final)):
             raise err
 
 

@@ -18,6 +18,15 @@ rank's batches come out in position order, whatever the number of workers.
   * "drop": every rank yields floor((total - origin) / W); the last few positions of this epoch are skipped.
   * "pad":  every rank yields ceil((total - origin) / W); positions past the end wrap to the epoch's first ones
     (as torch's DistributedSampler does).
+
+Node-aware order (`canonical_nodes=C`, `partitioned_order`): the kept rows, their row groups in an order fixed for
+the run (a function of the seed), are cut into C canonical partitions of equal size (±1 row); each epoch orders each
+partition as above (its row groups shuffled, rows shuffled inside windows) and position k of the epoch is row k // C
+of partition k mod C. So the order is the same for any number of nodes N dividing C, and position k belongs to
+node k mod N: `node_slot` gives the ranks of node n (ranks numbered node by node, as torchrun does) the slots
+≡ n (mod N) of each block of W positions, so a node reads only its C / N partitions — the same row groups every
+epoch (a node cache holds them), about 1/N of the bytes — while global step t still holds positions
+[origin + t·G, origin + (t+1)·G), the same images on 1, 2, 4 or 8 nodes.
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ import numpy as np
 UNEVEN = ("keep", "drop", "pad")
 STATE_VERSION = 1
 MAX_INT = 2**63 - 1
-MAX_TOPOLOGY = 2**31 - 1  # world_size, DataLoader workers, batch size
+MAX_TOPOLOGY = 2**31 - 1  # world_size, DataLoader workers, batch size, nodes
+DEFAULT_CANONICAL_NODES = 64  # canonical partitions of a run on several nodes when none is given (docs/trainer.md)
+MAX_CANONICAL_NODES = 1 << 16
 STATE_HELP = (
     "load a state saved by state_dict() of the same dataset/sampler (same shards, same seed), or "
     '{"epoch": e, "samples_seen": n} built by the training loop (n: images of the global steps it finished)'
@@ -93,6 +104,75 @@ def _shuffled(starts: np.ndarray, key: list[int], window: int) -> np.ndarray:
     return rows
 
 
+def partitioned_order(
+    starts: np.ndarray,
+    seed: int,
+    epoch: int,
+    canonical: int,
+    shuffle: bool = True,
+    window: int = 4,
+    generations: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
+) -> np.ndarray:
+    """Every kept row once (`keep[row]`, all rows when None), node-aware: position k holds row k // C of canonical
+    partition k mod C (`canonical_partitions`: fixed for the run); each partition ordered per (seed, epoch) as
+    `epoch_order` orders a split (its pieces of row groups shuffled, rows inside windows of `window` pieces; an
+    appended generation's pieces ordered apart and interleaved at random). A function of (seed, epoch, C)."""
+    check_window(window)
+    rows, bounds = canonical_partitions(starts, seed, canonical, shuffle, keep)
+    unit_of = np.searchsorted(np.asarray(starts, dtype=np.int64), rows, side="right") - 1
+    merged = np.empty(len(rows), dtype=np.int64)
+    for c in range(canonical):
+        part, units = rows[bounds[c] : bounds[c + 1]], unit_of[bounds[c] : bounds[c + 1]]
+        if shuffle:
+            part = _partition_epoch(part, units, [seed, epoch, 7, c], window, generations)
+        merged[c::canonical] = part
+    return merged
+
+
+def canonical_partitions(
+    starts: np.ndarray, seed: int, canonical: int, shuffle: bool = True, keep: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, bounds): the kept rows with their row groups in the run's order (rng [seed, 6]: the same every
+    epoch, so each node reads the same row groups each epoch), and the C + 1 bounds that cut them into C canonical
+    partitions, the first (total mod C) one row larger. Row groups at a bound are shared by two partitions."""
+    check_canonical(canonical)
+    starts = np.asarray(starts, dtype=np.int64)
+    count = len(starts) - 1
+    units = np.random.default_rng([seed, 6]).permutation(count) if shuffle else np.arange(count)
+    sizes = starts[1:][units] - starts[:-1][units]
+    rows = np.repeat(starts[:-1][units] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+    if keep is not None:
+        rows = rows[np.asarray(keep, dtype=bool)[rows]]
+    share, extra = divmod(len(rows), canonical)
+    bounds = np.arange(canonical + 1, dtype=np.int64) * share + np.minimum(np.arange(canonical + 1), extra)
+    return rows, bounds
+
+
+def _partition_epoch(
+    rows: np.ndarray, units: np.ndarray, key: list[int], window: int, generations: np.ndarray | None
+) -> np.ndarray:
+    """One partition's rows in this epoch's order: its pieces (runs of one row group) shuffled and rows shuffled
+    inside windows of `window` pieces (rng `key`); pieces of several generations ordered apart, then interleaved."""
+    levels = np.unique(generations[units]) if generations is not None and len(rows) else np.zeros(1, np.int64)
+    if len(levels) == 1:
+        return _pieces_shuffled(rows, units, key, window)
+    assert generations is not None
+    orders = []
+    for g in levels.tolist():
+        mine = generations[units] == g
+        orders.append(_pieces_shuffled(rows[mine], units[mine], [*key, 2, int(g)], window))
+    return interleave(orders, [*key, 3])
+
+
+def _pieces_shuffled(rows: np.ndarray, units: np.ndarray, key: list[int], window: int) -> np.ndarray:
+    """`rows` (runs of equal `units`: pieces of row groups) with the pieces permuted (rng `key`) and the rows
+    shuffled inside each window of `window` consecutive pieces (rng key + [1])."""
+    cuts = np.concatenate([[0], np.flatnonzero(np.diff(units)) + 1, [len(rows)]]).astype(np.int64)
+    shuffled: np.ndarray = rows[_shuffled(cuts, key, window)]
+    return shuffled
+
+
 def interleave(orders: list[np.ndarray], key: list[int]) -> np.ndarray:
     """`orders` merged, each kept in its own order, at positions drawn at random (rng `key`): a uniform random
     interleave, so every position holds order i with probability len(orders[i]) / total."""
@@ -106,6 +186,38 @@ def interleave(orders: list[np.ndarray], key: list[int]) -> np.ndarray:
 def check_window(window: int) -> None:
     if window < 1:
         raise ValueError(f"window: expected >= 1 row groups, found {window}")
+
+
+def check_canonical(canonical: object) -> None:
+    if not isinstance(canonical, int) or isinstance(canonical, bool) or not 1 <= canonical <= MAX_CANONICAL_NODES:
+        raise ValueError(
+            f"canonical_nodes: expected an int in [1, {MAX_CANONICAL_NODES}] (the canonical partitions of the epoch "
+            f"order, e.g. {DEFAULT_CANONICAL_NODES}), or None for the order that is not node-aware, found {canonical!r}"
+        )
+
+
+def check_nodes(world_size: int, nodes: int, canonical: int | None) -> None:
+    """`nodes` must divide the world size and, for the node-aware order, the canonical partition count."""
+    if nodes < 1 or world_size % nodes:
+        raise ValueError(
+            f"ranks_per_node: expected a divisor of world_size={world_size} (torchrun's LOCAL_WORLD_SIZE: every node "
+            f"runs the same number of ranks), found {world_size / max(nodes, 1):g} ranks per node ({nodes} nodes)"
+        )
+    if canonical is not None and canonical % nodes:
+        raise ValueError(
+            f"canonical_nodes: expected a multiple of the number of nodes ({nodes}: world_size {world_size} / "
+            f"{world_size // nodes} ranks per node), found {canonical}; pass canonical_nodes= a multiple of every node "
+            "count the run may use (e.g. 64 for 1, 2, 4, 8, 16 nodes; 240 for 1-6, 8, 10, 12 nodes) — the same "
+            "value on every run you resume across"
+        )
+
+
+def node_slot(rank: int, world_size: int, nodes: int, origin: int) -> int:
+    """The interleave slot of `rank` (ranks numbered node by node: node rank // (world_size / nodes)) among the W
+    slots of each block of positions, such that every position of the slot is on its own node: origin + slot
+    ≡ node (mod nodes), the partitions (k mod C, C a multiple of nodes) that node reads."""
+    node, local = divmod(rank, world_size // nodes)
+    return local * nodes + (node - origin) % nodes
 
 
 def check_topology(rank: int, world_size: int, uneven: str) -> None:
@@ -147,14 +259,14 @@ def worker_positions(count: int, chunk: int, worker: int, workers: int, done: in
 class Position:
     """Where an epoch stands: `origin`, the position this pass over it started at (0, or where a resume on
     another topology began), and `seen`, the global positions consumed (origin + local·world_size, or the total
-    once the rank is done). `topology` is (world_size, workers, chunk) of the run that saved it, or None for a
+    once the rank is done). `topology` is (world_size, workers, chunk, nodes) of the run that saved it, or None for a
     state built by the training loop (`{"epoch": e, "samples_seen": n}`): then a resume starts at `seen` on any
     topology."""
 
     epoch: int
     origin: int
     seen: int
-    topology: tuple[int, int, int] | None = None
+    topology: tuple[int, int, int, int] | None = None
 
     def to_state(self, seed: int, total: int) -> dict[str, Any]:
         state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "num_samples": total}
@@ -221,12 +333,14 @@ def _field(state: Mapping[str, Any], key: str, low: int, high: int, what: str) -
     return number
 
 
-def _topology(value: Any) -> tuple[int, int, int]:
-    """A saved (world_size, workers, batch size): three ints in [1, MAX_TOPOLOGY]."""
+def _topology(value: Any) -> tuple[int, int, int, int]:
+    """A saved (world_size, workers, batch size, nodes): four ints in [1, MAX_TOPOLOGY] (three from a reader
+    before node-aware orders: one node)."""
     numbers = [_integer(v) for v in value] if isinstance(value, (list, tuple)) else []
-    if len(numbers) != 3 or not all(n is not None and 1 <= n <= MAX_TOPOLOGY for n in numbers):
+    if len(numbers) not in (3, 4) or not all(n is not None and 1 <= n <= MAX_TOPOLOGY for n in numbers):
         raise ValueError(
-            f"state['topology']: expected [world_size, num_workers, batch_size], three ints in [1, {MAX_TOPOLOGY}] "
-            f"(saved by state_dict()), found {_shown(value)}; {STATE_HELP}"
+            f"state['topology']: expected [world_size, num_workers, batch_size, nodes], four ints in "
+            f"[1, {MAX_TOPOLOGY}] (saved by state_dict()), found {_shown(value)}; {STATE_HELP}"
         )
-    return (int(numbers[0] or 0), int(numbers[1] or 0), int(numbers[2] or 0))
+    world, workers, chunk, *nodes = (int(n or 0) for n in numbers)
+    return (world, workers, chunk, nodes[0] if nodes else 1)

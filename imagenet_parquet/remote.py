@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 from .cache import Cache
 from .dvcremote import Remote, RemoteError, check_md5, fetch_listing, find_remote, list_shards, lock_out
 from .fetch import Corrupt, Fetcher, Policy
-from .format import HASH_ALGORITHM, decode_image_index, read_indexed
+from .format import HASH_ALGORITHM, FormatError, decode_image_index, read_indexed
 from .overlay import OVERLAY_DIR, OVERLAY_LIMIT, VIEWS_DIR, check_view_name, footer_digest, missing_view
 from .pieces import Pieces, coalesce, column_span, verify_rows
 from .shards import row_group_span
@@ -40,6 +41,7 @@ from .shards import row_group_span
 TAIL_BYTES = 1 << 19  # first guess at the footer size: label maps + byte index, ~360 KiB for a 1000-class 256 MB shard
 FETCH_THREADS = 16
 COALESCE_GAP = 1024  # sparse reads: kept images at most this many bytes apart are fetched in one range request
+HASHES_KEPT = 256  # row groups whose sha256 chunk a process keeps parsed (32-byte digests as hex: ~7 KB each)
 
 
 def default_cache_dir() -> Path:
@@ -52,7 +54,7 @@ def open_dvc(
     rev: str | None,
     remote: str | None,
     cache_dir: str | os.PathLike[str] | None,
-    cache_gb: float,
+    cache_bytes: int,
     policy: Policy | None = None,
     view: str | None = None,
 ) -> RemoteShards:
@@ -66,7 +68,7 @@ def open_dvc(
         overlay = _overlay_entry(fetcher, repo, out, path, rev)
     else:
         overlay = _view_entry(fetcher, repo, out, path, rev, view)
-    shards = RemoteShards(fetcher.remote, entries, cache, int(cache_gb * 1e9), fetcher.policy, overlay)
+    shards = RemoteShards(fetcher.remote, entries, cache, cache_bytes, fetcher.policy, overlay)
     shards.view = view
     return shards
 
@@ -127,7 +129,7 @@ class RemoteShards:
         if not entries:
             raise RemoteError(f"{remote.shown(remote.url)}: expected *.parquet shards in the listing, found none")
         if cache_bytes <= 0:
-            raise ValueError(f"cache_gb: expected > 0, found {cache_bytes / 1e9}")
+            raise ValueError(f"cache_limit: expected > 0 bytes, found {cache_bytes}")
         self.remote, self.entries = remote, [(n, check_md5(m, remote.shown(remote.url), n)) for n, m in entries]
         self.cache_dir, self.cache_bytes = Path(cache_dir), int(cache_bytes)
         self.overlay = (
@@ -141,15 +143,21 @@ class RemoteShards:
         self._meta: dict[int, pq.FileMetaData] = {}
         self._digests: dict[int, str] = {}  # per file: the SHA-256 of its footer (what the overlay vouches for)
         self._index: dict[int, np.ndarray | None] = {}  # per file: the footer's byte index, decoded once
+        self._starts: dict[int, np.ndarray] = {}  # per file: the first row of each row group
+        self._process()
+
+    def _process(self) -> None:
+        """This process's own state: never pickled, dropped after a fork."""
         self._pid = os.getpid()
-        self._readers: dict[int, Pieces] = {}  # per process: never pickled, dropped after a fork
+        self._readers: dict[int, Pieces] = {}
+        self._hashes: OrderedDict[tuple[int, int], list[str]] = OrderedDict()  # (file, group) -> its sha256 column
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_readers"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_hashes")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid, self._readers = os.getpid(), {}
+        self._process()
 
     @property
     def names(self) -> list[Path]:
@@ -171,7 +179,7 @@ class RemoteShards:
             try:
                 data = os.pread(fd, os.fstat(fd).st_size, 0)
             finally:
-                os.close(fd)
+                self.cache.close(fd)
             meta = self._meta[file] = pq.read_metadata(pa.BufferReader(data))
             self._digests[file] = footer_digest(data[4:])
         return meta
@@ -187,8 +195,14 @@ class RemoteShards:
         if self.overlay is None:
             return None
         name, md5 = self.overlay
-        os.close(self.cache.open_or_fill(md5, "overlay", lambda fd: self._fill_overlay(name, md5, fd)))
-        return self.cache_dir / md5 / "overlay"
+        self.cache.close(self.cache.open_or_fill(md5, "overlay", lambda fd: self._fill_overlay(name, md5, fd)))
+        path = self.cache_dir / md5 / "overlay"
+        if not path.is_file():
+            raise RemoteError(
+                f"{self.cache_dir}: expected room for the curation overlay {name} in the cache, found none within "
+                f"cache_limit={self.cache_bytes} bytes; pass a larger cache_limit"
+            )
+        return path
 
     def _fill_overlay(self, name: str, md5: str, fd: int) -> None:
         url = self.remote.object_urls(md5)[0]
@@ -244,7 +258,9 @@ class RemoteShards:
     def _piece(self, file: int, group: int) -> int:
         """A descriptor of the local sparse file holding row group `group` of `file` (verified), fetched if needed
         (one range request; by one process when several want it)."""
-        return self.cache.open_or_fill(self.entries[file][1], str(group), lambda fd: self._fill_group(file, group, fd))
+        first, end = row_group_span(self.footer(file), group)
+        fill = lambda fd: self._fill_group(file, group, fd)  # noqa: E731
+        return self.cache.open_or_fill(self.entries[file][1], str(group), fill, end - first)
 
     def _fill_group(self, file: int, group: int, fd: int) -> None:
         first, end = row_group_span(self.footer(file), group)
@@ -278,29 +294,91 @@ class RemoteShards:
         try:
             return self._pieces(file).read_row_group(fd, group, columns)
         finally:
-            os.close(fd)
+            self.cache.close(fd)
 
     def read_image(self, file: int, group: int, row: int, kept: Sequence[int] | None = None) -> bytes | None:
         """Image `row` of `file` (in row group `group`) through the footer's byte index (map-style), the row group
         fetched into the cache first — or, given `kept` (the file rows of the group the reader keeps, `row` among
         them), those rows' images only (`_rows_piece`); None for a shard without the index (the caller reads the
-        row group)."""
+        row group). Every image read from the cache is checked against its row's sha256 (the piece's own chunk,
+        parsed once per process): a cached byte changed since it was fetched is refused, the piece deleted and
+        fetched again."""
         index = self._byte_index(file)
         if index is None:
             return None
-        fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
-        try:
-            return read_indexed(fd, index[row], self.entries[file][0])
-        finally:
-            os.close(fd)
+        for _ in range(2):  # the cached piece, then (when it fails its check) the piece fetched again
+            fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
+            try:
+                data = read_indexed(fd, index[row], self.entries[file][0])
+                if self._digest(fd, file, group, row) == hashlib.sha256(data).hexdigest():
+                    return data
+            except (FormatError, Corrupt):
+                pass
+            finally:
+                self.cache.close(fd)
+            self._drop_piece(file, group, kept)
+        raise RemoteError(
+            f"{self.remote.shown(self._url(file))}: image {row} of {self.entries[file][0]} read from the cache "
+            f"({self.cache_dir}) does not match its {HASH_ALGORITHM}, also when fetched again; check the disk of the "
+            "cache and the remote"
+        )
+
+    def _digest(self, fd: int, file: int, group: int, row: int) -> str:
+        """The sha256 of file row `row` as the piece open at `fd` records it (its row group's chunk, kept per
+        process for the 256 row groups read last)."""
+        key = (file, group)
+        if self._pid != os.getpid():
+            self._process()
+        hashes = self._hashes.get(key)
+        if hashes is None:
+            try:
+                table = self._pieces(file).read_row_group(fd, group, [HASH_ALGORITHM])
+            except (OSError, ValueError, pa.ArrowException) as err:
+                raise Corrupt(f"the {HASH_ALGORITHM} chunk of row group {group} does not parse ({err})") from None
+            hashes = self._hashes[key] = table.column(0).to_pylist()
+            while len(self._hashes) > HASHES_KEPT:
+                self._hashes.popitem(last=False)
+        self._hashes.move_to_end(key)
+        first = int(self._group_starts(file)[group])
+        return str(hashes[row - first])
+
+    def _group_starts(self, file: int) -> np.ndarray:
+        """The first file row of each row group of `file`."""
+        starts = self._starts.get(file)
+        if starts is None:
+            meta = self.footer(file)
+            rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            starts = self._starts[file] = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        return starts
+
+    def _drop_piece(self, file: int, group: int, kept: Sequence[int] | None) -> None:
+        """Delete the cached piece (it failed its check on read) and what this process parsed of it."""
+        self._hashes.pop((file, group), None)
+        name = str(group) if kept is None else self._rows_name(group, tuple(kept))
+        (self.cache_dir / self.entries[file][1] / name).unlink(missing_ok=True)
+
+    def prefetch(self, file: int, group: int, kept: Sequence[int] | None = None) -> None:
+        """Row group `group` of `file` (or the kept rows' images of it) into the cache, as `read_image` would."""
+        if self._byte_index(file) is None:
+            self.cache.close(self._piece(file, group))
+        else:
+            fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
+            self.cache.close(fd)
 
     def _rows_piece(self, file: int, group: int, kept: tuple[int, ...]) -> int:
         """A descriptor of the local sparse file holding the images of file rows `kept` of row group `group` and the
         group's sha256 chunk, at their own offsets (verified), fetched if needed: a few range requests (adjacent
         images in one), so a view keeping few rows reads about their bytes, not the row group's."""
-        name = f"{group}-{hashlib.sha256(np.asarray(kept, dtype='<i8').tobytes()).hexdigest()[:16]}"
-        md5 = self.entries[file][1]
-        return self.cache.open_or_fill(md5, name, lambda fd: self._fill_rows(file, group, kept, fd))
+        meta, index = self.footer(file), self._byte_index(file)
+        assert index is not None
+        size = column_span(meta, group, HASH_ALGORITHM)
+        need = size[1] - size[0] + int(index[list(kept), 1].sum()) + 4 * len(kept)
+        fill = lambda fd: self._fill_rows(file, group, kept, fd)  # noqa: E731
+        return self.cache.open_or_fill(self.entries[file][1], self._rows_name(group, kept), fill, need)
+
+    @staticmethod
+    def _rows_name(group: int, kept: tuple[int, ...]) -> str:
+        return f"{group}-{hashlib.sha256(np.asarray(kept, dtype='<i8').tobytes()).hexdigest()[:16]}"
 
     def _fill_rows(self, file: int, group: int, kept: tuple[int, ...], fd: int) -> None:
         meta, index, url = self.footer(file), self._byte_index(file), self._url(file)

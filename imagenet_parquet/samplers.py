@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .overlay import kept_order
-from .partition import epoch_order, rank_positions
 from .resume import Resumable
 
 if TYPE_CHECKING:
@@ -48,6 +46,8 @@ class RowGroupSampler(Resumable, _SamplerBase):
         world_size: int | None = None,
         uneven: str = "keep",
         view: str | None = None,
+        canonical_nodes: int | str | None = "auto",
+        ranks_per_node: int | None = None,
     ):
         if view is not None and view != dataset.view:
             raise ValueError(
@@ -60,21 +60,20 @@ class RowGroupSampler(Resumable, _SamplerBase):
         # global row -> dataset index (the overlay's kept rows are the dataset's indices 0..n-1)
         self._position = None if dataset.overlay is None else np.cumsum(dataset.overlay.keep) - 1
         self._count = dataset.num_images
-        self._init_order(shuffle, window, seed, rank, world_size, uneven)
+        self._init_order(shuffle, window, seed, rank, world_size, uneven, canonical_nodes, ranks_per_node)
 
-    def _topology(self) -> tuple[int, int, int]:
-        return self.world_size, 1, 1
+    def _topology(self) -> tuple[int, int, int, int]:
+        return self.world_size, 1, 1, self.nodes
 
     def _total(self) -> int:
         return self._count
 
     def __iter__(self) -> Iterator[int]:
         start, local, _ = self._begin()
-        order = epoch_order(self.index.starts, self.seed, self.epoch, self.shuffle, self.window, self.index.generations)
-        order = kept_order(order, self.overlay)
+        order = self._order()
         if self._position is not None:
             order = self._position[order]
-        positions = rank_positions(self._total(), start.origin, self.rank, self.world_size, self.uneven)
+        positions = self._positions(start.origin)
         return self._yield(order[positions[local:]].tolist(), local)
 
     def _yield(self, indices: list[int], local: int) -> Iterator[int]:

@@ -103,7 +103,7 @@ def test_a_state_from_another_topology_resumes_every_remaining_image_exactly_onc
     its = [iter(s) for s in two]
     done = [next(it) for _ in range(G // 2) for it in its]  # one global step on two ranks
     state = two[0].state_dict()
-    assert state["samples_seen"] == G and state["topology"] == [2, 1, 1]
+    assert state["samples_seen"] == G and state["topology"] == [2, 1, 1, 1]
     rest = []
     for rank in range(3):
         sampler = RowGroupSampler(ds, rank=rank, world_size=3, seed=5)

@@ -52,7 +52,7 @@ def _remote(project, url: str, cache: Path, **kw) -> ParquetImageDataset:
 
 
 def _pieces(cache: Path) -> list[Path]:
-    return sorted(p for p in cache.rglob("*") if p.is_file() and p.name != "footer" and not p.name.endswith(".lock"))
+    return sorted(p for p in cache.rglob("*") if p.is_file() and p.name not in ("footer", ".usage") and not p.name.endswith(".lock"))
 
 
 def _shard_paths(project) -> list[str]:
@@ -309,17 +309,24 @@ def test_a_full_cache_disk_is_one_clear_error_and_leaves_no_temp_file(project, s
     assert "left: []" in out.stdout, out.stdout
 
 
+def _counted_write(cache: Path, path: Path, size: int) -> None:
+    """Write `size` bytes at `path` as a reader does: counted in the cache's ledger first (cache.py)."""
+    ledger = cache / ".usage"
+    ledger.write_text(str(int(ledger.read_text()) + size))
+    path.write_bytes(b"x" * size)
+
+
 def test_orphan_temp_files_are_counted_and_cleaned(project, server, tmp_path):
     cache = tmp_path / "cache"
     ds = _remote(project, server.url, cache, cache_gb=1e-3)
     shard = next(p for p in cache.iterdir() if p.is_dir())
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = shard / f".3.{dead.stdout.strip()}.1.tmp"  # a worker killed mid-write
-    orphan.write_bytes(b"x" * 4_000_000)
+    orphan = shard / f".3.{dead.stdout.strip()}.1.tmp"  # a worker killed mid-write (its bytes counted first)
+    _counted_write(cache, orphan, 4_000_000)
     ds[0]
     assert not orphan.exists()
     live = shard / f".4.{os.getpid()}.1.tmp"  # another worker writing right now: counted, kept
-    live.write_bytes(b"x" * 2_000_000)
+    _counted_write(cache, live, 2_000_000)
     ds[30], ds[45]
     assert live.exists() and len([p for p in cache.rglob("*") if p.name.isdigit()]) == 1  # only the newest piece
 

@@ -45,7 +45,7 @@ BAD = (  # (field, value)
     [("epoch", v) for v in [-1, -(2**70), 2**64, *BAD_INTS]]
     + [("samples_seen", v) for v in [-1, TOTAL + 1, 2**70, -(2**63), *BAD_INTS]]
     + [("origin", v) for v in [-1, 13, TOTAL, 2**60, 8 * 2**50 * 7, -(2**62), *BAD_INTS]]
-    + [("topology", v) for v in [[1, 1], [1, 1, 1, 1], [], [0, 1, 1], [1, 0, 1], [1, 1, 0], [-1, 1, 1],
+    + [("topology", v) for v in [[1, 1], [1, 1, 1, 1, 1], [], [0, 1, 1], [1, 0, 1], [1, 1, 0], [-1, 1, 1],
                                  [2**40, 1, 1], [1.0, 1, 1], ["1", 1, 1], [True, 1, 1], [None, 1, 1],
                                  [NAN, 1, 1], "111", 5, {"world_size": 1}, [[1], 1, 1], b"\x01\x01\x01"]]
     + [("version", v) for v in [0, 2, -1, 99, "1", 1.0, True, NAN, [1]]]

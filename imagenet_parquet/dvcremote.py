@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from .dvcconfig import AUTH_HELP, ENV_PASSWORD, ENV_USER, Remote, RemoteError, find_remote, read_project_file, redact
 
 if TYPE_CHECKING:
+    from .cache import Cache
     from .fetch import Fetcher
 
 __all__ = [
@@ -75,8 +77,18 @@ def check_md5(value: str, where: str, what: str) -> str:
     return value
 
 
-def fetch_listing(fetcher: Fetcher, md5: str) -> bytes:
-    """The `.dir` object `md5` (bounded by LISTING_LIMIT), checked against that md5."""
+def fetch_listing(fetcher: Fetcher, md5: str, cache: Cache | None = None) -> bytes:
+    """The `.dir` object `md5` (bounded by LISTING_LIMIT), checked against that md5; kept in `cache` (the node's:
+    a restart then asks the remote for nothing), checked again when read from it."""
+    if cache is not None:
+        fd = cache.open_or_fill(md5, "listing", lambda fd: cache.write(fd, fetch_listing(fetcher, md5), 0))
+        try:
+            data = os.pread(fd, LISTING_LIMIT + 1, 0)
+        finally:
+            cache.close(fd)
+        if hashlib.md5(data).hexdigest() == md5.removesuffix(".dir"):
+            return data
+        (cache.root / md5 / "listing").unlink(missing_ok=True)  # changed since it was cached: fetched again
     remote = fetcher.remote
     for url in remote.object_urls(md5):
         try:
@@ -103,13 +115,13 @@ def _read_listing(fetcher: Fetcher, url: str, md5: str) -> bytes:
     return data
 
 
-def list_shards(fetcher: Fetcher, out: str, md5: str, path: str) -> list[tuple[str, str]]:
+def list_shards(fetcher: Fetcher, out: str, md5: str, path: str, cache: Cache | None = None) -> list[tuple[str, str]]:
     """[(name, md5)] of the `*.parquet` files directly in `path` (as find_shards globs a local directory),
     sorted by name."""
     if not md5.endswith(".dir"):
         return [(PurePosixPath(out).name, md5)] if out.endswith(".parquet") else []
     where = fetcher.remote.shown(fetcher.remote.object_urls(md5)[0])
-    data = fetch_listing(fetcher, md5)
+    data = fetch_listing(fetcher, md5, cache)
     try:
         entries = json.loads(data)
         pairs = [(str(e["relpath"]), e["md5"]) for e in entries]

@@ -62,18 +62,21 @@ def open_dvc(
     version's curation overlay, or the file of view `view` instead."""
     out, md5 = lock_out(repo, path, rev)
     fetcher = Fetcher(find_remote(repo, rev, remote), policy or Policy())
-    entries = list_shards(fetcher, out, md5, path)
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = Cache(root, cache_bytes)  # the listings are kept too: a restart asks the remote for nothing
+    entries = list_shards(fetcher, out, md5, path, cache)
     if view is None:
-        overlay = _overlay_entry(fetcher, repo, out, path, rev)
+        overlay = _overlay_entry(fetcher, cache, repo, out, path, rev)
     else:
-        overlay = _view_entry(fetcher, repo, out, path, rev, view)
-    shards = RemoteShards(fetcher.remote, entries, cache, cache_bytes, fetcher.policy, overlay)
+        overlay = _view_entry(fetcher, cache, repo, out, path, rev, view)
+    shards = RemoteShards(fetcher.remote, entries, root, cache_bytes, fetcher.policy, overlay)
     shards.view = view
     return shards
 
 
-def _overlay_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str | None) -> tuple[str, str] | None:
+def _overlay_entry(
+    fetcher: Fetcher, cache: Cache, repo: Path, out: str, path: str, rev: str | None
+) -> tuple[str, str] | None:
     """(path, md5) of the curation overlay of the split `path` names, as this version's dvc.lock and listing vouch
     for it; None for a version without one (before the curate stage)."""
     sub = PurePosixPath(path).relative_to(out).parts
@@ -84,11 +87,13 @@ def _overlay_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str |
         overlay_out, md5 = lock_out(repo, str(target), rev)
     except RemoteError:
         return None
-    found = dict(list_shards(fetcher, overlay_out, md5, str(target.parent)))
+    found = dict(list_shards(fetcher, overlay_out, md5, str(target.parent), cache))
     return (str(target), found[target.name]) if target.name in found else None
 
 
-def _view_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str | None, view: str) -> tuple[str, str]:
+def _view_entry(
+    fetcher: Fetcher, cache: Cache, repo: Path, out: str, path: str, rev: str | None, view: str
+) -> tuple[str, str]:
     """(path, md5) of view `view`'s file for the split `path` names (`<out>/../views/<view>/<split>.parquet`), as
     this version's dvc.lock and listing vouch for it; a view that is not there: an error listing those that are."""
     sub = PurePosixPath(path).relative_to(out).parts
@@ -102,7 +107,7 @@ def _view_entry(fetcher: Fetcher, repo: Path, out: str, path: str, rev: str | No
     entries: dict[str, str] = {}
     if md5.endswith(".dir"):
         try:
-            entries = {str(e["relpath"]): str(e["md5"]) for e in json.loads(fetch_listing(fetcher, md5))}
+            entries = {str(e["relpath"]): str(e["md5"]) for e in json.loads(fetch_listing(fetcher, md5, cache))}
         except (ValueError, TypeError, KeyError) as err:
             raise RemoteError(f"{views_out} ({md5}): expected a JSON list of {{md5, relpath}}, found: {err}") from None
     elif PurePosixPath(views_out) == target:

@@ -1,16 +1,16 @@
 """Servers on 127.0.0.1 for tests and benchmarks: free ports, waiting for HTTP, a Range-capable file server with
 fault injection, and a real Prefect server (plus pointing this process's Prefect client at it).
 
-RangeServer: faults are queued per URL path and each one is used by one GET: `("drop", n)` closes the connection
-after n body bytes, `("cut", n)` sends no Content-Length (nor a total in Content-Range) and ends the body after n
-bytes as if it were complete, `("status", code)` answers with that status, `("stall", seconds)` sends a little then
-goes quiet, `("ignore_range",)` answers 200 with the whole file, `("flip",)` flips one byte of the body,
-`("shift", k)` sends the bytes k further on than asked (same length), `("hang",)` reads the request and never
-answers (until the server stops), `("delay", seconds)` answers normally after that long. `every`: a fault used by
-every ranged GET that has no queued one (`("flip",)`: a byte flipped in every range reply). `corrupt` (a set of
-paths) serves those files with a flipped byte on every request. `auth`: ("basic", user, password) or ("header",
-name, value) that every request must carry (else 401). Ranges: `bytes=a-` and `bytes=a-b`. Run standalone:
-`python tests/helpers/servers.py ROOT PORT`.
+RangeServer: `served` counts the body bytes sent per path (`bytes_served`: all of them: the byte counter). Faults
+are queued per URL path and each one is used by one GET: `("drop", n)` closes the connection after n body bytes,
+`("cut", n)` sends no Content-Length (nor a total in Content-Range) and ends the body after n bytes as if it were
+complete, `("status", code)` answers with that status, `("stall", seconds)` sends a little then goes quiet,
+`("ignore_range",)` answers 200 with the whole file, `("flip",)` flips one byte of the body, `("shift", k)` sends
+the bytes k further on than asked (same length), `("hang",)` reads the request and never answers (until the server
+stops), `("delay", seconds)` answers normally after that long. `every`: a fault used by every ranged GET that has no
+queued one (`("flip",)`: a byte flipped in every range reply). `corrupt` (a set of paths) serves those files with a
+flipped byte on every request. `auth`: ("basic", user, password) or ("header", name, value) that every request must
+carry (else 401). Ranges: `bytes=a-` and `bytes=a-b`. Run standalone: `python tests/helpers/servers.py ROOT PORT`.
 
 Standard library only at module level (prefect is imported where it is used), so that tests/conftest.py can
 isolate Prefect before anything imports it."""
@@ -165,11 +165,23 @@ class RangeServer(ThreadingHTTPServer):
         self.auth: tuple[str, str, str] | None = None
         self.stopping = threading.Event()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.served: dict[str, int] = defaultdict(int)  # body bytes sent, per path (the byte counter)
+        self._count = threading.Lock()
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @property
+    def bytes_served(self) -> int:
+        """Body bytes sent so far, all paths together."""
+        with self._count:
+            return sum(self.served.values())
+
+    def count(self, path: str, sent: int) -> None:
+        with self._count:
+            self.served[path] += sent
 
     def __enter__(self) -> RangeServer:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -270,8 +282,10 @@ class _Handler(BaseHTTPRequestHandler):
                     if data:
                         data[len(data) // 2] ^= 0xFF
                     self.wfile.write(data)
+                    sent = len(data)
                 else:
-                    self.connection.sendfile(fh, start, count)
+                    sent = self.connection.sendfile(fh, start, count)
+            self.server.count(self.path.split("?")[0], sent)
             self.wfile.flush()
             if fault and fault[0] == "stall":
                 time.sleep(fault[1])

@@ -9,9 +9,9 @@ matches the md5 dvc.lock gives it; every object name in it must be 32 hex digits
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -81,14 +81,14 @@ def fetch_listing(fetcher: Fetcher, md5: str, cache: Cache | None = None) -> byt
     """The `.dir` object `md5` (bounded by LISTING_LIMIT), checked against that md5; kept in `cache` (the node's:
     a restart then asks the remote for nothing), checked again when read from it."""
     if cache is not None:
-        fd = cache.open_or_fill(md5, "listing", lambda fd: cache.write(fd, fetch_listing(fetcher, md5), 0))
-        try:
-            data = os.pread(fd, LISTING_LIMIT + 1, 0)
-        finally:
-            cache.close(fd)
-        if hashlib.md5(data).hexdigest() == md5.removesuffix(".dir"):
-            return data
-        (cache.root / md5 / "listing").unlink(missing_ok=True)  # changed since it was cached: fetched again
+        path = cache.root / md5 / "listing"
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_size <= LISTING_LIMIT and hashlib.md5(data := path.read_bytes()).hexdigest() == md5[:32]:
+                return data
+            path.unlink()  # changed since it was cached
+        data = fetch_listing(fetcher, md5)  # checked before anything is cached
+        cache.close(cache.open_or_fill(md5, "listing", lambda fd: cache.write(fd, data, 0)))
+        return data
     remote = fetcher.remote
     for url in remote.object_urls(md5):
         try:

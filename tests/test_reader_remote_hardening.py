@@ -52,7 +52,7 @@ def _remote(project, url: str, cache: Path, **kw) -> ParquetImageDataset:
 
 
 def _pieces(cache: Path) -> list[Path]:
-    return sorted(p for p in cache.rglob("*") if p.is_file() and p.name not in ("footer", ".usage") and not p.name.endswith(".lock"))
+    return sorted(p for p in cache.rglob("*") if p.is_file() and p.name not in ("footer", "listing", ".usage") and not p.name.endswith(".lock"))
 
 
 def _shard_paths(project) -> list[str]:

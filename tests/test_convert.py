@@ -275,13 +275,13 @@ def test_an_archive_cut_short_after_extract_fails_clearly_and_leaves_no_shard(tm
     assert sorted(p.name for p in (job.parquet / "train").glob("*")) == []
 
 def test_row_groups_are_cut_early_when_their_images_are_large(tmp_path, monkeypatch):
-    import tasks.common.shard_writer
+    import imagenet_parquet.writer
 
     _dataset(tmp_path)
     job = make_job(tmp_path, row_group_rows=100)
     run_local(job, progress=False)
     whole = read_rows(job)
-    monkeypatch.setattr(tasks.common.shard_writer, "ROW_GROUP_MAX_BYTES", 20_000)
+    monkeypatch.setattr(imagenet_parquet.writer, "ROW_GROUP_MAX_BYTES", 20_000)
     job = make_job(tmp_path, row_group_rows=99)  # another plan key: the shard is rewritten
     run_local(job, progress=False)
     shard = pq.ParquetFile(next((job.parquet / "train").glob("*.parquet")))

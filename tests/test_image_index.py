@@ -14,6 +14,7 @@ from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, decode_image_index, footer_metadata
 from imagenet_parquet.indexed import IndexedReader
 from tasks.common import PipelineError
+from imagenet_parquet import writer as writer_module  # the writer convert and compaction use
 from tasks.common import shard_writer as shard_module
 from tasks.convert.distribute import run_local
 from tasks.validate.stage import run_validation
@@ -92,7 +93,7 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
         found = real(*args)
         calls.append(len(found) >= 2)
         return [found[1], found[0], *found[2:]] if calls.count(True) == 1 and calls[-1] else found
-    monkeypatch.setattr(shard_module, "locate_values", swapped)
+    monkeypatch.setattr(writer_module, "locate_values", swapped)
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
     checks = {c["name"]: c for c in run_validation(ds.parquet_dir, ds.manifests_dir, ds.label_map_path,
                                                    validate_section())["checks"]}
@@ -102,7 +103,7 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
     assert checks["sha256_match"]["status"] == "pass"  # the stored column itself is intact
     reader = IndexedReader([shard])
     assert reader.read(0, 0)[0] == rows[1]["image"]["bytes"]  # why validate must check it: the prefix matches
-    monkeypatch.setattr(shard_module, "locate_values", lambda *a: [(o + 1, n) for o, n in real(*a)])
+    monkeypatch.setattr(writer_module, "locate_values", lambda *a: [(o + 1, n) for o, n in real(*a)])
     shard_module.write_shard(shard, pq.read_schema(shard), 4, iter(rows))
     with pytest.raises(ValueError, match="found other bytes; the shard was altered"):
         IndexedReader([shard]).read(0, 0)
@@ -148,7 +149,7 @@ def test_the_writer_writes_exactly_what_arrow_writes_and_locates_every_value(tmp
     assert plain.read_bytes() == data
     options = shard_module.writer_options()
     compressed = {**options, "compression": {**options["compression"], "image.bytes": "zstd"}}
-    monkeypatch.setattr(shard_module, "writer_options", lambda: compressed)
+    monkeypatch.setattr(writer_module, "writer_options", lambda: compressed)
     with pytest.raises(PipelineError, match=r"expected image 0 of the row group \(\d+ bytes\) stored verbatim"):
         shard_module.write_shard(tmp_path / "zstd.parquet", schema, 5, iter(rows))
     assert not (tmp_path / "zstd.parquet").exists()  # atomic: nothing under the final name

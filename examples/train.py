@@ -7,7 +7,12 @@
     torchrun --standalone --nproc-per-node 1 examples/train.py --data data/parquet --epochs 25 --batch-size 16 \\
         --checkpoint ckpt.pt --checkpoint-every 20 --resume ckpt.pt
 
-(`python examples/train.py ...` runs one process without torchrun.) The data goes through torchdata's
+(`python examples/train.py ...` runs one process without torchrun.) Several nodes, streaming from the DVC remote
+with one cache per node (each node fetches only its partitions of the epoch order; docs/trainer.md):
+
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --master-addr HOST --master-port 29500 \
+        examples/train.py --repo . --cache-dir /scratch/imagenet-cache --cache-limit 200GB --canonical-nodes 64 ...
+ The data goes through torchdata's
 StatefulDataLoader: `ParquetIterableDataset` by default, `--map-style` for ParquetImageDataset + RowGroupSampler.
 Global step t holds the same images whatever the number of processes and workers (the reader's epoch order).
 
@@ -15,8 +20,8 @@ Every `--checkpoint-every` global steps rank 0 writes `--checkpoint` atomically:
 samples_seen (the global images of the epoch's finished steps), the topology and every rank's loader state. A
 `--resume` on the same topology (world size, workers, batch size, reader, --uneven) restores each rank's loader state
 exactly; on another it loads {"epoch", "samples_seen"} into the reader, which then yields every remaining image
-of the epoch exactly once. `--step-log` appends one JSON line per step and rank: {rank, epoch, step, global_step,
-loss, labels, ids}, ids = sha256 of the image bytes (the shards' `sha256` column).
+of the epoch exactly once. `--step-log` appends one JSON line per step and rank: {rank, node, epoch, step,
+global_step, loss, labels, ids}, ids = sha256 of the image bytes (the shards' `sha256` column).
 """
 
 from __future__ import annotations
@@ -89,27 +94,41 @@ class Data:
 def make_data(args: argparse.Namespace) -> Data:
     """uneven="drop" or "pad": every rank gets the same number of batches per epoch, as DDP needs (a rank with
     one batch more would wait forever in the gradient all-reduce of a step the others never take)."""
-    source, split = (args.data, None) if any(args.data.glob("*.parquet")) else (args.data, args.split)
     sample = Sample(args.image_size, args.seed)
-    common: dict[str, Any] = {"transform": sample, "decode": False}
+    common: dict[str, Any] = {"transform": sample, "decode": False, "view": args.view}
+    orders: dict[str, Any] = {"seed": args.seed, "uneven": args.uneven, "canonical_nodes": args.canonical_nodes}
     order: ParquetIterableDataset | RowGroupSampler
     if args.map_style:
-        images = ParquetImageDataset(source, split, **common)
-        order = RowGroupSampler(images, seed=args.seed, uneven=args.uneven)
+        images = open_dataset(ParquetImageDataset, args, common)
+        order = RowGroupSampler(images, **orders)
         loader = StatefulDataLoader(images, batch_size=args.batch_size, sampler=order, num_workers=args.num_workers)
         dataset: ParquetImageDataset | ParquetIterableDataset = images
     else:  # batch_size = the loader's: global step t holds the same images on any topology
-        order = dataset = ParquetIterableDataset(
-            source, split, **common, seed=args.seed, uneven=args.uneven, batch_size=args.batch_size
-        )
+        extra = {**orders, "batch_size": args.batch_size, "predownload": args.predownload}
+        order = dataset = open_dataset(ParquetIterableDataset, args, {**common, **extra})
         loader = StatefulDataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers)
-    return Data(loader, order, sample, len(dataset.label_names), len(dataset.index))
+    return Data(loader, order, sample, len(dataset.label_names), dataset.num_images)
+
+
+def open_dataset(cls: Any, args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
+    """`cls` over the local shards of --data, or (--repo) streamed from the checkout's DVC remote through one cache
+    per node (--cache-dir, `{node}` replaced by the node's rank: nodes sharing a machine in a test keep apart)."""
+    if args.repo is None:
+        source, split = (args.data, None) if any(args.data.glob("*.parquet")) else (args.data, args.split)
+        return cls(source, split, **kwargs)
+    node = dist.get_rank() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    cache = str(args.cache_dir).replace("{node}", str(node)) if args.cache_dir else None
+    limit = {"cache_limit": args.cache_limit} if args.cache_limit else {}
+    return cls.from_dvc(
+        args.repo, str(args.data), remote=args.remote, split=args.split, cache_dir=cache, **limit, **kwargs
+    )
 
 
 def topology(args: argparse.Namespace) -> dict[str, Any]:
     """What a loader state depends on: a resume with all of these equal restores it exactly."""
     return {
         "world_size": dist.get_world_size(),
+        "nodes": dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
         "num_workers": args.num_workers,
         "batch_size": args.batch_size,
         "map_style": args.map_style,
@@ -139,8 +158,10 @@ def save_checkpoint(
     progress: Progress,
     args: argparse.Namespace,
     loader_state: dict[str, Any] | None,
+    canonical_nodes: int | None,
 ) -> None:
-    """Every rank's loader state gathered (a list indexed by rank); rank 0 writes temp file + os.replace."""
+    """Every rank's loader state gathered (a list indexed by rank); rank 0 writes temp file + os.replace;
+    `canonical_nodes`: the reader's epoch order (a resume on another topology continues in it)."""
     states: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(states, loader_state)
     if dist.get_rank() != 0:
@@ -151,6 +172,7 @@ def save_checkpoint(
         **vars(progress),
         **topology(args),
         "seed": args.seed,
+        "canonical_nodes": canonical_nodes,
         "loaders": None if loader_state is None else states,
     }
     tmp = path.with_name(f".{path.name}.tmp")
@@ -173,7 +195,8 @@ def resume(
         data.loader.load_state_dict(checkpoint["loaders"][dist.get_rank()])
         how = "same topology: each rank's loader state restored"
     else:
-        data.order.load_state_dict({"epoch": progress.epoch, "samples_seen": progress.samples_seen})
+        position = {"epoch": progress.epoch, "samples_seen": progress.samples_seen}
+        data.order.load_state_dict({**position, "canonical_nodes": checkpoint.get("canonical_nodes")})
         how = f"another topology: the reader resumes at samples_seen={progress.samples_seen}"
     if dist.get_rank() == 0:
         print(f"resumed {path} at epoch {progress.epoch} step {progress.step} ({how})", flush=True)
@@ -190,6 +213,7 @@ class StepLog:
         if self.fd is not None:
             record = {
                 "rank": dist.get_rank(),
+                "node": dist.get_rank() // int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
                 "epoch": progress.epoch,
                 "step": progress.step,
                 "global_step": progress.global_step,
@@ -230,8 +254,9 @@ class Trainer:
             images_done += global_batch
             self.log.write(progress, losses[-1], labels, list(ids))
             if args.checkpoint and args.checkpoint_every and progress.global_step % args.checkpoint_every == 0:
+                state = self.data.loader.state_dict()
                 save_checkpoint(
-                    args.checkpoint, self.model, self.optimizer, progress, args, self.data.loader.state_dict()
+                    args.checkpoint, self.model, self.optimizer, progress, args, state, self.data.order.canonical_nodes
                 )
             if args.max_steps and progress.global_step >= args.max_steps:
                 return False
@@ -259,7 +284,8 @@ class Trainer:
                 return
             progress.epoch, progress.step, progress.samples_seen = progress.epoch + 1, 0, 0
             if self.args.checkpoint:  # an epoch boundary: nothing of the next epoch consumed, no loader state
-                save_checkpoint(self.args.checkpoint, self.model, self.optimizer, progress, self.args, None)
+                canonical = self.data.order.canonical_nodes
+                save_checkpoint(self.args.checkpoint, self.model, self.optimizer, progress, self.args, None, canonical)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -279,7 +305,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", type=Path, help="checkpoint to resume from")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many global steps in all")
     p.add_argument("--step-log", type=Path, help="append one JSON line per step and rank")
+    p.add_argument("--view", help="a named view (data/views/<view>) instead of the whole curated split")
+    p.add_argument("--repo", type=Path, help="stream from this checkout's DVC remote (--data: the tracked root)")
+    p.add_argument("--remote", help="with --repo: a remote name or URL (default: core.remote)")
+    p.add_argument("--cache-dir", help="with --repo: the node cache ({node}: the node's rank)")
+    p.add_argument("--cache-limit", help="with --repo: the node cache's bound, e.g. 200GB")
+    p.add_argument("--predownload", type=int, default=0, help="row groups each worker fetches ahead (--repo)")
+    p.add_argument(
+        "--canonical-nodes", type=_canonical, default="auto", help="the epoch order's partitions: N, none or auto"
+    )
     return p.parse_args(argv)
+
+
+def _canonical(value: str) -> int | str | None:
+    return None if value == "none" else value if value == "auto" else int(value)
 
 
 def init_distributed() -> None:

@@ -102,6 +102,45 @@ def moto_s3_server() -> Iterator[tuple[str, object]]:
     finally:
         server.stop()
 
+class CountingMotoServer:
+    """moto's S3 server on 127.0.0.1 (its own WSGI app, as ThreadedMotoServer runs it) that counts the body bytes of
+    every GET reply per path (`served`, `bytes_served`): the byte counter of an S3 remote."""
+
+    def __init__(self, port: int) -> None:
+        from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        app = DomainDispatcherApplication(create_backend_app)
+        self.served: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+        def counted(environ, start_response):
+            body = app(environ, start_response)
+            get, path = environ.get("REQUEST_METHOD") == "GET", environ.get("PATH_INFO", "")
+            for chunk in body:
+                if get:
+                    with self._lock:
+                        self.served[path] += len(chunk)
+                yield chunk
+
+        self.server = make_server("127.0.0.1", port, counted, True, request_handler=MotoRequestHandler)
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def bytes_served(self) -> int:
+        with self._lock:
+            return sum(self.served.values())
+
+    def __enter__(self) -> CountingMotoServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self._thread.join()
+
+
 @contextlib.contextmanager
 def prefect_server(log: Path, timeout: float = 90) -> Iterator[str]:
     """A real `prefect server start` on a free 127.0.0.1 port, its UI talking to it, output in `log`; yields the

@@ -73,6 +73,7 @@ class ShardedImages:
         self._classes = self.index.classes_for(self.overlay)  # a format-2 overlay's (or view's) own label map
         self._kept = None if self.overlay is None else self.overlay.kept
         self._sparse_rows: dict[int, tuple[int, ...] | None] = {}
+        self._node_rows: dict[int, tuple[int, ...]] = {}  # row groups this node reads part of (datasets.py)
         self.verify = verify and self.remote is None  # remote row groups are always checked before they are cached
         columns = [*READ_COLUMNS, *([HASH_ALGORITHM] if self.verify else [])]
         self._reader = RowGroupReader(self.index, columns, cache_size=cache_row_groups, remote=self.remote)
@@ -211,8 +212,11 @@ class ShardedImages:
         return hit[0], checked_label(hit[1], len(self.label_names), self.files[self.index.locate_file(unit, index)[0]])
 
     def _sparse(self, unit: int) -> tuple[int, ...] | None:
-        """The file rows of row group `unit` the overlay keeps, when they are at most SPARSE_SHARE of it (remote:
-        only their image bytes are fetched); None: the whole row group is (most of it is read anyway)."""
+        """The file rows of row group `unit` to fetch alone (remote: only their image bytes): this node's rows of a
+        row group it shares with another node (at a canonical partition's bound), or the rows the overlay keeps
+        when they are at most SPARSE_SHARE of it; None: the whole row group (most of it is read anyway)."""
+        if unit in self._node_rows:
+            return self._node_rows[unit]
         if self.overlay is None:
             return None
         if unit not in self._sparse_rows:
@@ -229,8 +233,25 @@ class ShardedImages:
         if labels is None:
             assert self.remote is not None
             file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
-            labels = self._labels[unit] = self.remote.read_row_group(file, group, ["label"]).column(0).to_numpy()
+            labels = self._labels[unit] = self.remote.read_labels(file, group, self._sparse(unit))
         return labels
+
+    def _share_rows(self, rows: np.ndarray) -> None:
+        """This node reads global rows `rows` this epoch: the row groups it reads only part of (a canonical
+        partition's bound cuts them; another node reads the rest) are fetched as those rows alone (`_sparse`)."""
+        rows = np.sort(rows)
+        units = np.searchsorted(self.index.starts, rows, side="right") - 1
+        read = np.bincount(units, minlength=len(self.index.rows))
+        if self.overlay is None:
+            whole = self.index.rows
+        else:
+            kept_units = np.searchsorted(self.index.starts, np.flatnonzero(self.overlay.keep), side="right") - 1
+            whole = np.bincount(kept_units, minlength=len(self.index.rows))
+        self._node_rows = {}
+        for unit in np.flatnonzero((read > 0) & (read < whole)).tolist():
+            mine = rows[units == unit]
+            offset = self.index.locate_file(unit, int(self.index.starts[unit]))[1] - int(self.index.starts[unit])
+            self._node_rows[unit] = tuple((mine + offset).tolist())
 
     def _prefetch(self, unit: int) -> None:
         """Row group `unit` (or the rows of it the overlay keeps) into the remote's node cache (predownload)."""

@@ -276,6 +276,8 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
             np.concatenate([rank_positions(total, origin, self._slot_of(r, origin), world, uneven) for r in ranks])
         )
         units = np.searchsorted(self.index.starts, order[reads], side="right") - 1
+        if self.canonical_nodes is not None and self.nodes > 1:
+            self._share_rows(order[reads])
         file_units = np.searchsorted(self.index.file_of, np.arange(len(self.files)))
         md5s = [md5 for _, md5 in self.remote.entries]
         plan = EvictionPlan.of_reads(md5s, file_units, units, len(self.index.rows))

@@ -41,6 +41,7 @@ from .shards import row_group_span
 TAIL_BYTES = 1 << 19  # first guess at the footer size: label maps + byte index, ~360 KiB for a 1000-class 256 MB shard
 FETCH_THREADS = 16
 COALESCE_GAP = 1024  # sparse reads: kept images at most this many bytes apart are fetched in one range request
+PIECE_COLUMNS = (HASH_ALGORITHM, "label")  # the column chunks a piece of some rows holds beside their images
 HASHES_KEPT = 256  # row groups whose sha256 chunk a process keeps parsed (32-byte digests as hex: ~7 KB each)
 
 
@@ -294,6 +295,16 @@ class RemoteShards:
             reader = self._readers.setdefault(file, reader)
         return reader
 
+    def read_labels(self, file: int, group: int, kept: Sequence[int] | None = None) -> np.ndarray:
+        """The `label` column of row group `group` of `file`, from its piece (or, given `kept`, the piece of those
+        rows: it holds the group's label chunk too)."""
+        fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
+        try:
+            labels: np.ndarray = self._pieces(file).read_row_group(fd, group, ["label"]).column(0).to_numpy()
+            return labels
+        finally:
+            self.cache.close(fd)
+
     def read_row_group(self, file: int, group: int, columns: Sequence[str]) -> pa.Table:
         fd = self._piece(file, group)
         try:
@@ -376,20 +387,23 @@ class RemoteShards:
         images in one), so a view keeping few rows reads about their bytes, not the row group's."""
         meta, index = self.footer(file), self._byte_index(file)
         assert index is not None
-        size = column_span(meta, group, HASH_ALGORITHM)
-        need = size[1] - size[0] + int(index[list(kept), 1].sum()) + 4 * len(kept)
+        chunks = sum(end - first for first, end in (column_span(meta, group, name) for name in PIECE_COLUMNS))
+        need = chunks + int(index[list(kept), 1].sum()) + 4 * len(kept)
         fill = lambda fd: self._fill_rows(file, group, kept, fd)  # noqa: E731
         return self.cache.open_or_fill(self.entries[file][1], self._rows_name(group, kept), fill, need)
 
     @staticmethod
     def _rows_name(group: int, kept: tuple[int, ...]) -> str:
-        return f"{group}-{hashlib.sha256(np.asarray(kept, dtype='<i8').tobytes()).hexdigest()[:16]}"
+        """`<group>-<16 hex digits>`: the digest of the rows (and of what a piece of them holds: PIECE_COLUMNS)."""
+        key = ",".join(PIECE_COLUMNS).encode() + np.asarray(kept, dtype="<i8").tobytes()
+        return f"{group}-{hashlib.sha256(key).hexdigest()[:16]}"
 
     def _fill_rows(self, file: int, group: int, kept: tuple[int, ...], fd: int) -> None:
         meta, index, url = self.footer(file), self._byte_index(file), self._url(file)
         assert index is not None
         images = [(int(offset) - 4, int(offset) + int(size)) for offset, size in index[list(kept)]]
-        ranges = coalesce([column_span(meta, group, HASH_ALGORITHM), *images], COALESCE_GAP)
+        chunks = [column_span(meta, group, name) for name in PIECE_COLUMNS]
+        ranges = coalesce([*chunks, *images], COALESCE_GAP)
 
         def fetch(span: tuple[int, int]) -> None:
             self.cache.write(fd, self.fetcher.read(url, *span), span[0])

@@ -70,7 +70,7 @@ def _fetched_units(server: RangeServer, spans, since: int) -> list[int]:
 def _dataset(project, url: str, cache: Path, rank: int, world: int, per: int, **kw) -> ParquetIterableDataset:
     return ParquetIterableDataset.from_dvc(
         project["node"], "data/parquet/train", remote=url, cache_dir=cache, decode=False, seed=2, rank=rank,
-        world_size=world, ranks_per_node=per, batch_size=3, canonical_nodes=C, **{**POLICY, **kw})
+        world_size=world, ranks_per_node=per, batch_size=3, **{"canonical_nodes": C, **POLICY, **kw})
 
 
 def _rank_ids(project, url, cache, rank, world, per, out, epoch=0, **kw) -> None:
@@ -111,6 +111,31 @@ def test_ranks_of_a_node_share_its_cache_nodes_split_the_row_groups_and_epoch_2_
         assert sorted(i for r in again.values() for i in r) == sorted(i for r in ids.values() for i in r)
     assert sorted(seen) == list(range(TOTAL))
     assert groups[0].isdisjoint(groups[1]) and len(groups[0]) == len(groups[1]) == 6  # partitions of 3 groups
+
+
+def _range_bytes(server: RangeServer, since: int, sizes: dict[str, int]) -> int:
+    """Bytes of the range requests since request `since`, footer reads (a shard's tail) left out."""
+    total = 0
+    for _, path, rng in server.requests[since:]:
+        if rng and path in sizes:
+            first, last = (int(x) for x in rng.removeprefix("bytes=").split("-"))
+            total += 0 if last + 1 == sizes[path] else last + 1 - first
+    return total
+
+
+def test_row_groups_cut_by_a_partition_bound_are_fetched_as_each_nodes_rows_only(project, server, tmp_path):
+    spans = _spans(project)
+    sizes = {path: max(end for p, _, end in spans if p == path) for path, _, _ in spans}
+    sizes = {path: (project["remote"] / path.lstrip("/")).stat().st_size for path in sizes}
+    groups = sum(end - first for _, first, end in spans)
+    fetched, seen = 0, []
+    for node in range(2):  # 8 partitions of 7-8 rows over 5-row groups: most groups are cut between two nodes
+        before = len(server.requests)
+        ids = _node_epoch(project, server.url, tmp_path / f"n{node}", node, 2, 1, canonical_nodes=8)
+        fetched += _range_bytes(server, before, sizes)
+        seen += [i for r in ids.values() for i in r]
+    assert sorted(seen) == list(range(TOTAL))
+    assert fetched <= 1.15 * groups, (fetched, groups)  # whole groups by both nodes would be ~2x
 
 
 def test_a_cache_at_its_limit_stays_within_it_at_every_moment_and_the_epoch_completes(project, server, tmp_path):

@@ -72,6 +72,7 @@ class ShardedImages:
         self.overlay = self._overlay(overlay, split, view)
         self._classes = self.index.classes_for(self.overlay)  # a format-2 overlay's (or view's) own label map
         self._kept = None if self.overlay is None else self.overlay.kept
+        self._num_classes = len(self._classes["classes"])
         self._sparse_rows: dict[int, tuple[int, ...] | None] = {}
         self._node_rows: dict[int, tuple[int, ...]] = {}  # row groups this node reads part of (datasets.py)
         self.verify = verify and self.remote is None  # remote row groups are always checked before they are cached
@@ -209,7 +210,7 @@ class ShardedImages:
                 check_image(hit[0], table.column(HASH_ALGORITHM)[row].as_py(), self.files[file], file_row)
         if self.overlay is not None:
             return hit[0], int(self.overlay.labels[index])
-        return hit[0], checked_label(hit[1], len(self.label_names), self.files[self.index.locate_file(unit, index)[0]])
+        return hit[0], checked_label(hit[1], self._num_classes, self.files[self.index.locate_file(unit, index)[0]])
 
     def _sparse(self, unit: int) -> tuple[int, ...] | None:
         """The file rows of row group `unit` to fetch alone (remote: only their image bytes): this node's rows of a

@@ -114,6 +114,7 @@ class Cache:
         self._memory: set[int] = set()  # descriptors of pieces filled in memory (no room on disk)
         self._scanned = False  # this process has set the ledger to the truth once (what others left is counted)
         self.plan: EvictionPlan | None = None  # per process: set by the iterable dataset for its pass
+        self._paths: dict[tuple[str, str], str] = {}
 
     def __getstate__(self) -> dict[str, object]:
         return {"root": self.root, "limit": self.limit}
@@ -122,15 +123,21 @@ class Cache:
         self.__dict__.update(state)
         self._reset()
 
-    def open_or_fill(self, obj: str, name: str, fill: Callable[[int], None], size: int = 0) -> int:
+    def open_or_fill(
+        self, obj: str, name: str, fill: Callable[[int], None], size: Callable[[], int] | None = None
+    ) -> int:
         """A read-only descriptor of `<root>/<obj>/<name>`: the cached file, else (one process at a time) a new
-        one that `fill(fd)` writes (through `write`) and checks (it raises to leave nothing behind); `size`: the
-        bytes it will write, when known (a piece that cannot fit is then filled in memory at once). The caller
-        closes it."""
-        path = self.root / obj / name
-        fd = _open_cached(path)
+        one that `fill(fd)` writes (through `write`) and checks (it raises to leave nothing behind); `size()`: the
+        bytes it will write, when known (a piece that cannot fit is then filled in memory at once; asked only when
+        it is filled). The caller closes it (`close`)."""
+        key = (obj, name)
+        cached = self._paths.get(key)
+        if cached is None:
+            cached = self._paths[key] = os.path.join(self.root, obj, name)  # a str: no Path per read
+        fd = _open_cached(cached)
         if fd is not None:
             return fd
+        path = Path(cached)
         self.writing(lambda: path.parent.mkdir(parents=True, exist_ok=True), path.parent)
         with _locked(path.with_name(f"{name}.lock")):
             fd = _open_cached(path)  # filled by another process while this one waited
@@ -138,8 +145,8 @@ class Cache:
                 fd = self._fill(path, fill, size)
         return fd
 
-    def _fill(self, path: Path, fill: Callable[[int], None], size: int) -> int:
-        if size and is_piece(path.name) and not self._room(size + SLACK, path, dry=True):
+    def _fill(self, path: Path, fill: Callable[[int], None], size: Callable[[], int] | None) -> int:
+        if size is not None and is_piece(path.name) and not self._room(size() + SLACK, path, dry=True):
             return self._fill_memory(path, fill)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         fd = self.writing(lambda: os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), tmp)
@@ -279,7 +286,7 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[done:], offset + done
 
 
-def _open_cached(path: Path) -> int | None:
+def _open_cached(path: str | Path) -> int | None:
     """A descriptor of `path`, touched (LRU); None when it is not there."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -301,7 +308,16 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _entries(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """(path, stat) of every file of every shard directory in the cache (skipping what vanishes meanwhile)."""
+    """(path, stat) of every file of every shard directory in the cache, each once (a file renamed into place
+    during the scan is seen under one of its names: one inode), skipping what vanishes meanwhile."""
+    seen: set[int] = set()
+    for path, st in _walk(root):
+        if st.st_ino not in seen:
+            seen.add(st.st_ino)
+            yield path, st
+
+
+def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
     with contextlib.suppress(FileNotFoundError), os.scandir(root) as shards:
         for shard in shards:
             if not shard.is_dir():

@@ -157,9 +157,10 @@ class RemoteShards:
         self._pid = os.getpid()
         self._readers: dict[int, Pieces] = {}
         self._hashes: OrderedDict[tuple[int, int], list[str]] = OrderedDict()  # (file, group) -> its sha256 column
+        self._names: dict[tuple[int, tuple[int, ...]], str] = {}  # sparse pieces' names (_rows_name)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_hashes")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_hashes", "_names")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -264,9 +265,13 @@ class RemoteShards:
     def _piece(self, file: int, group: int) -> int:
         """A descriptor of the local sparse file holding row group `group` of `file` (verified), fetched if needed
         (one range request; by one process when several want it)."""
-        first, end = row_group_span(self.footer(file), group)
+
+        def size() -> int:
+            first, end = row_group_span(self.footer(file), group)
+            return end - first
+
         fill = lambda fd: self._fill_group(file, group, fd)  # noqa: E731
-        return self.cache.open_or_fill(self.entries[file][1], str(group), fill, end - first)
+        return self.cache.open_or_fill(self.entries[file][1], str(group), fill, size)
 
     def _fill_group(self, file: int, group: int, fd: int) -> None:
         first, end = row_group_span(self.footer(file), group)
@@ -385,18 +390,24 @@ class RemoteShards:
         """A descriptor of the local sparse file holding the images of file rows `kept` of row group `group` and the
         group's sha256 chunk, at their own offsets (verified), fetched if needed: a few range requests (adjacent
         images in one), so a view keeping few rows reads about their bytes, not the row group's."""
-        meta, index = self.footer(file), self._byte_index(file)
-        assert index is not None
-        chunks = sum(end - first for first, end in (column_span(meta, group, name) for name in PIECE_COLUMNS))
-        need = chunks + int(index[list(kept), 1].sum()) + 4 * len(kept)
-        fill = lambda fd: self._fill_rows(file, group, kept, fd)  # noqa: E731
-        return self.cache.open_or_fill(self.entries[file][1], self._rows_name(group, kept), fill, need)
 
-    @staticmethod
-    def _rows_name(group: int, kept: tuple[int, ...]) -> str:
-        """`<group>-<16 hex digits>`: the digest of the rows (and of what a piece of them holds: PIECE_COLUMNS)."""
-        key = ",".join(PIECE_COLUMNS).encode() + np.asarray(kept, dtype="<i8").tobytes()
-        return f"{group}-{hashlib.sha256(key).hexdigest()[:16]}"
+        def size() -> int:
+            meta, index = self.footer(file), self._byte_index(file)
+            assert index is not None
+            chunks = sum(end - first for first, end in (column_span(meta, group, name) for name in PIECE_COLUMNS))
+            return chunks + int(index[list(kept), 1].sum()) + 4 * len(kept)
+
+        fill = lambda fd: self._fill_rows(file, group, kept, fd)  # noqa: E731
+        return self.cache.open_or_fill(self.entries[file][1], self._rows_name(group, kept), fill, size)
+
+    def _rows_name(self, group: int, kept: tuple[int, ...]) -> str:
+        """`<group>-<16 hex digits>`: the digest of the rows (and of what a piece of them holds: PIECE_COLUMNS),
+        kept per process (a tuple's hash finds it: the readers pass the same tuple object for a row group)."""
+        name = self._names.get((group, kept))
+        if name is None:
+            key = ",".join(PIECE_COLUMNS).encode() + np.asarray(kept, dtype="<i8").tobytes()
+            name = self._names[group, kept] = f"{group}-{hashlib.sha256(key).hexdigest()[:16]}"
+        return name
 
     def _fill_rows(self, file: int, group: int, kept: tuple[int, ...], fd: int) -> None:
         meta, index, url = self.footer(file), self._byte_index(file), self._url(file)

@@ -18,7 +18,8 @@ from imagenet_parquet import EvalCrop, ParquetImageDataset, ParquetIterableDatas
 from imagenet_parquet.materialize import main, plan_shards
 from tests.helpers.project import REPO
 from tests.helpers.range_files import serving
-from tests.test_reader_appends import publish, samples, sha_rows
+from tests.helpers.http_remote import publish
+from tests.test_reader_appends import samples, sha_rows
 from tests.test_reader_views import kept_bytes, viewed  # noqa: F401  (the fixture)
 
 

@@ -25,7 +25,7 @@ from imagenet_parquet.partition import epoch_order, rank_positions
 from imagenet_parquet.tables import curated_sql, read_curated
 from tasks.common.shard_writer import write_shard
 from tests.helpers.datasets import contract_row
-from tests.helpers.http_remote import _put as put  # a DVC 3 object written as `dvc push` writes it
+from tests.helpers.http_remote import publish
 from tests.helpers.images import indexed_jpeg
 
 PARAMS = {"policy": "passthrough"}
@@ -74,25 +74,6 @@ def sha_rows(files: list[Path]) -> dict[str, int]:
 
 def samples(items, rows: dict[str, int]) -> list[tuple[int, int]]:
     return [(rows[hashlib.sha256(data).hexdigest()], int(label)) for data, label in items]
-
-
-def publish(repo: Path, remote: Path, outs: list[str]) -> None:
-    """dvc.lock naming `outs` (directories under `repo`) as written by DVC 3, their `.dir` listings in the local
-    cache and, with every file, in the directory remote `remote` (the default remote): `dvc push` without DVC."""
-    lines = ["schema: '2.0'", "stages:"]
-    for n, out in enumerate(outs):
-        files = sorted(p for p in (repo / out).rglob("*") if p.is_file())
-        entries = [{"md5": put(remote, f.read_bytes()), "relpath": f.relative_to(repo / out).as_posix()} for f in files]
-        listing = json.dumps(entries).encode()
-        md5 = put(remote, listing)
-        put(repo / ".dvc" / "cache", listing)
-        for store in (remote, repo / ".dvc" / "cache"):
-            obj = store / "files" / "md5" / md5[:2] / md5[2:]
-            obj.rename(obj.with_name(obj.name + ".dir"))
-        lines += [f"  s{n}:", "    cmd: 'true'", "    outs:", f"    - path: {out}", "      hash: md5",
-                  f"      md5: {md5}.dir"]
-    (repo / "dvc.lock").write_text("\n".join(lines) + "\n")
-    (repo / ".dvc" / "config").write_text(f"[core]\n    remote = store\n['remote \"store\"']\n    url = {remote}\n")
 
 
 # ---------------------------------------------------------------- an append round: +1 class sorting first

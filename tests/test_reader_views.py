@@ -24,7 +24,8 @@ from imagenet_parquet.tables import curated_sql, read_curated
 from tests.helpers.datasets import numbered_label_map
 from tests.helpers.images import noisy_jpeg
 from tests.helpers.range_files import serving
-from tests.test_reader_appends import publish, samples, sha_rows, write_layer, write_split
+from tests.helpers.http_remote import publish
+from tests.test_reader_appends import samples, sha_rows, write_layer, write_split
 
 CLASSES, ROWS, SHARDS = 20, 300, 3
 TENTH = [13, 7]  # the view's classes (2 of 20: ~10 % of the rows), listed unsorted on purpose

@@ -21,7 +21,7 @@ from imagenet_parquet.writer import ShardWriter
 from tests.helpers.datasets import write_shards
 from tests.helpers.project import REPO
 from tests.helpers.servers import CountingMotoServer, RangeServer, free_port
-from tests.test_reader_appends import publish
+from tests.helpers.http_remote import publish
 
 pytest.importorskip("torchdata.stateful_dataloader")
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ side in one run.
 
 Label-only, at ImageNet-1k's scale (1,281,167 rows in hashed order, 1000 classes of 732..1300, shards of 2,330 rows
 in row groups of 100: 12,812 groups), with the readers' own order functions: the global steps of 1, 2, 4 and 8 nodes
-(x 8 ranks) compared (identical or not), the row groups and rows each node reads ÷ its share, and the distinct
+(x 8 ranks, a global batch of 2,048) compared (identical or not), the row groups and rows each node reads ÷ its share, and the distinct
 classes per rank batch of 256 ÷ the uniform expectation — `canonical_nodes=64` beside today's order
 (`canonical_nodes=None`).
 
@@ -69,6 +69,7 @@ WORK = REPO / "benchmarks" / "_work" / "nodes"
 FORK = multiprocessing.get_context("fork")
 TOPOLOGIES = [(1, 8), (2, 8), (4, 8), (8, 8)]  # (nodes, ranks per node) of the label-only model
 VIEW = "tenth"
+GLOBAL_BATCH = 2048  # images of a global step: 256 a rank on 1 node of 8 ranks, 32 a rank on 8 nodes
 
 
 # ---------------------------------------------------------------- label-only model at ImageNet-1k scale
@@ -95,7 +96,7 @@ def label_only(args: argparse.Namespace) -> dict[str, Any]:
         for nodes, per in TOPOLOGIES:
             ranks = rank_rows(order, nodes, per, canonical)
             batch = 256
-            steps = _step_digest(ranks, batch)
+            steps = _step_digest(ranks, GLOBAL_BATCH // (nodes * per))  # the same global batch on every topology
             reference = reference or steps
             res["steps_identical"] &= steps == reference
             node_units = [

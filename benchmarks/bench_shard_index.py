@@ -27,8 +27,9 @@ import pyarrow.parquet as pq
 from benchmarks.common import REPO, SAMPLES, WORK
 from imagenet_parquet import ParquetImageDataset
 from imagenet_parquet.format import IMAGE_INDEX_KEY, shard_schema
+from imagenet_parquet.writer import memory_pool, to_table, writer_options
 from tasks.common.params import load_project
-from tasks.common.shard_writer import memory_pool, to_table, write_shard, writer_options
+from tasks.common.shard_writer import write_shard
 from tasks.convert.fingerprint import stored_fingerprint
 
 

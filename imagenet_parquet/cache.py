@@ -89,6 +89,17 @@ class EvictionPlan:
         first[last < 0] = -1
         return cls({md5: f for f, md5 in enumerate(md5s)}, np.asarray(file_units, dtype=np.int64), first, last)
 
+    def peak(self, sizes: np.ndarray) -> int:
+        """The most bytes of row groups (`sizes[u]` each) the node holds at once if it keeps each from its first
+        read to its last: what its cache must hold for every group to be fetched once."""
+        read = np.flatnonzero(self.last >= 0)
+        if not len(read):
+            return 0
+        events = np.zeros(int(self.last.max()) + 2, dtype=np.int64)
+        np.add.at(events, self.first[read], sizes[read])
+        np.add.at(events, self.last[read] + 1, -sizes[read])
+        return int(np.cumsum(events).max())
+
     def key(self, obj: str, name: str, mtime: float) -> tuple[int, float]:
         """Sort key of a row-group file (lowest evicted first): another version's, then one not read again this
         epoch (oldest first), then the one read latest."""
@@ -245,8 +256,13 @@ class Cache:
         return (1, mtime) if self.plan is None else self.plan.key(path.parent.name, path.name, mtime)
 
     def usage(self) -> int:
-        """Bytes of disk blocks the cache's files hold now (a scan)."""
-        return sum(st.st_blocks * 512 for _, st in _entries(self.root))
+        """Bytes of disk blocks the cache's files hold now: a scan under the ledger's lock, which every write and
+        eviction takes, so it sees one moment (a scan without it can count a file evicted and the next one written
+        meanwhile)."""
+        if not self.root.is_dir():
+            return 0
+        with _locked(self.root / LEDGER_LOCK):
+            return sum(st.st_blocks * 512 for _, st in _entries(self.root))
 
 
 def is_piece(name: str) -> bool:

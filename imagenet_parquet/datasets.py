@@ -45,6 +45,9 @@ else:
         _MapBase = _IterBase = _SamplerBase = object
 
 
+PRESSURE = 0.8  # the share of cache_limit the node's live row groups may take before rows are fetched alone
+
+
 @dataclass
 class NodeReads:
     """A worker's part in its node's cache (remote shards): the node's eviction plan, the node read each of the
@@ -282,6 +285,9 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         md5s = [md5 for _, md5 in self.remote.entries]
         plan = EvictionPlan.of_reads(md5s, file_units, units, len(self.index.rows))
         self.remote.cache.plan = plan
+        sizes = self.index.spans[:, 1] - self.index.spans[:, 0]
+        self._pressure = plan.peak(sizes) > PRESSURE * self.remote.cache_bytes
         mine = np.searchsorted(self.index.starts, np.asarray(rows, dtype=np.int64), side="right") - 1
-        ahead = Predownload(mine.tolist(), self._prefetch, self.predownload) if self.predownload else None
+        fetch_ahead = self.predownload and not self._pressure
+        ahead = Predownload(mine.tolist(), self._prefetch, self.predownload) if fetch_ahead else None
         return NodeReads(plan, np.searchsorted(reads, positions), mine, ahead)

@@ -158,9 +158,10 @@ class RemoteShards:
         self._readers: dict[int, Pieces] = {}
         self._hashes: OrderedDict[tuple[int, int], list[str]] = OrderedDict()  # (file, group) -> its sha256 column
         self._names: dict[tuple[int, tuple[int, ...]], str] = {}  # sparse pieces' names (_rows_name)
+        self._chunks: OrderedDict[tuple[int, tuple[int, int]], bytes] = OrderedDict()  # (file, span): _remember
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_hashes", "_names")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_hashes", "_names", "_chunks")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -400,6 +401,15 @@ class RemoteShards:
         fill = lambda fd: self._fill_rows(file, group, kept, fd)  # noqa: E731
         return self.cache.open_or_fill(self.entries[file][1], self._rows_name(group, kept), fill, size)
 
+    def _remember(self, file: int, fd: int, chunks: list[tuple[int, int]]) -> None:
+        """Keep a checked piece's small column chunks (a few KB), so the next piece of some rows of the same group
+        this process fills needs only its images' bytes (a cache under pressure fetches rows alone)."""
+        for first, end in chunks:
+            self._chunks[file, (first, end)] = os.pread(fd, end - first, first)
+            self._chunks.move_to_end((file, (first, end)))
+        while len(self._chunks) > 2 * HASHES_KEPT:
+            self._chunks.popitem(last=False)
+
     def _rows_name(self, group: int, kept: tuple[int, ...]) -> str:
         """`<group>-<16 hex digits>`: the digest of the rows (and of what a piece of them holds: PIECE_COLUMNS),
         kept per process (a tuple's hash finds it: the readers pass the same tuple object for a row group)."""
@@ -414,15 +424,24 @@ class RemoteShards:
         assert index is not None
         images = [(int(offset) - 4, int(offset) + int(size)) for offset, size in index[list(kept)]]
         chunks = [column_span(meta, group, name) for name in PIECE_COLUMNS]
-        ranges = coalesce([*chunks, *images], COALESCE_GAP)
 
         def fetch(span: tuple[int, int]) -> None:
             self.cache.write(fd, self.fetcher.read(url, *span), span[0])
 
         def attempt() -> None:
+            known = {c: self._chunks[file, c] for c in chunks if (file, c) in self._chunks}
+            for (first, _), data in known.items():  # this process fetched them for another piece of the group
+                self.cache.write(fd, data, first)
+            ranges = coalesce([*(c for c in chunks if c not in known), *images], COALESCE_GAP)
             with ThreadPoolExecutor(min(FETCH_THREADS, len(ranges))) as pool:  # a few ranges: in parallel
                 list(pool.map(fetch, ranges))
-            verify_rows(self._pieces(file), fd, group, kept)
+            try:
+                verify_rows(self._pieces(file), fd, group, kept)
+            except Corrupt:
+                for c in chunks:
+                    self._chunks.pop((file, c), None)
+                raise
+            self._remember(file, fd, chunks)
 
         try:
             self.fetcher.retry(url, f"{len(kept)} images of row group {group}", attempt)

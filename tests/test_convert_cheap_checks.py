@@ -54,7 +54,7 @@ def test_to_table_builds_what_from_pylist_builds_nulls_included(tmp_path):
     import pyarrow.parquet as pq
 
     from imagenet_parquet.format import shard_schema
-    from tasks.common.shard_writer import to_table, writer_options
+    from imagenet_parquet.writer import to_table, writer_options
     from tests.helpers.datasets import contract_row, numbered_label_map
 
     schema = shard_schema(numbered_label_map(3), {}, "train")

@@ -85,7 +85,7 @@ def test_an_index_pointing_at_other_bytes_is_refused_by_reader_and_validate(tmp_
     ds = make_dataset(tmp_path / "ds").write()
     shard = sorted((ds.parquet_dir / "train").glob("*.parquet"))[0]
     rows = pq.read_table(shard).to_pylist()
-    real = shard_module.locate_values
+    real = writer_module.locate_values
 
     calls = []
 
@@ -140,14 +140,14 @@ def test_the_writer_writes_exactly_what_arrow_writes_and_locates_every_value(tmp
     assert count == 12 and md5 == hashlib.md5(data).hexdigest()
     assert [data[o:o + n] for o, n in index.tolist()] == [r["image"]["bytes"] for r in rows]
     plain = tmp_path / "plain.parquet"
-    with pq.ParquetWriter(plain, schema, **shard_module.writer_options()) as writer:
+    with pq.ParquetWriter(plain, schema, **writer_module.writer_options()) as writer:
         for first in range(0, len(rows), 5):
-            writer.write_table(shard_module.to_table(rows[first:first + 5], schema), row_group_size=5)
+            writer.write_table(writer_module.to_table(rows[first:first + 5], schema), row_group_size=5)
         writer.add_key_value_metadata(
             {**footer_metadata(schema), IMAGE_INDEX_KEY: meta.metadata[IMAGE_INDEX_KEY.encode()].decode()}
         )
     assert plain.read_bytes() == data
-    options = shard_module.writer_options()
+    options = writer_module.writer_options()
     compressed = {**options, "compression": {**options["compression"], "image.bytes": "zstd"}}
     monkeypatch.setattr(writer_module, "writer_options", lambda: compressed)
     with pytest.raises(PipelineError, match=r"expected image 0 of the row group \(\d+ bytes\) stored verbatim"):

@@ -152,6 +152,7 @@ def test_a_cache_at_its_limit_stays_within_it_at_every_moment_and_the_epoch_comp
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    before = len(server.requests)
     try:
         ids = _node_epoch(project, server.url, cache, 0, 2, 2, cache_limit=limit, predownload=2)
     finally:
@@ -159,6 +160,17 @@ def test_a_cache_at_its_limit_stays_within_it_at_every_moment_and_the_epoch_comp
         watcher.join()
     assert 0 < peak[0] <= limit, (peak[0], limit)
     assert Cache(cache, limit).usage() <= limit
+    sizes = {path: (project["remote"] / path.lstrip("/")).stat().st_size for path, _, _ in _spans(project)}
+    chunks = 0  # the small sha256 and label chunks of every row group
+    for path in (project["repo"] / "data/parquet/train").glob("*.parquet"):
+        meta = pq.read_metadata(path)
+        for g in range(meta.num_row_groups):
+            chunks += sum(meta.row_group(g).column(c).total_compressed_size for c in range(meta.num_columns)
+                          if meta.row_group(g).column(c).path_in_schema in ("sha256", "label"))
+    # its live row groups do not fit: rows are fetched alone, each once (not a row group per image), and a
+    # group's small chunks once per process
+    fetched = _range_bytes(server, before, sizes)
+    assert fetched <= 1.1 * share + 2 * chunks, (fetched, share, chunks)
     full = _node_epoch(project, server.url, tmp_path / "large", 0, 2, 2)
     assert ids == full  # every image of the node's share, in the same order
 

@@ -11,10 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from imagenet_parquet import writer
-from imagenet_parquet.writer import IndexingSink, WriteError, locate_values, memory_pool, to_table, writer_options
+from imagenet_parquet.writer import WriteError
 from tasks.common import PipelineError, atomic_path
-
-__all__ = ["IndexingSink", "ShardWriter", "locate_values", "memory_pool", "to_table", "write_shard", "writer_options"]
 
 
 class ShardWriter(writer.ShardWriter):

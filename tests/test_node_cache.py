@@ -181,7 +181,7 @@ def test_a_process_killed_mid_fetch_leaves_nothing_that_is_served(project, serve
                                       cache_dir=cache, **POLICY)  # footers cached now
     local = ParquetImageDataset(project["repo"] / "data/parquet", "train", decode=False)
     path = next(p for (p, _, _) in _spans(project))
-    server.faults[path].append(("stall", 30))  # the next row-group request sends 1 KiB, then goes quiet
+    server.faults[path].append(("stall", 8))  # the next row-group request sends 1 KiB, then goes quiet
     child = FORK.Process(target=lambda: ds[0])
     child.start()
     deadline = time.monotonic() + 20

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from .overlay import CURATION_APPLIED
 from .writer import ShardWriter
 
 MARKER = "materialized.json"
+PARTIAL = ".materializing"  # in the directory being written: what a later run may delete
 MARKER_FORMAT = 1
 COPIED = [c for c in COLUMNS if c not in ("image", "label", "wnid", "label_name")]  # taken from the source as is
 
@@ -127,14 +129,21 @@ def materialize(
     dataset: Any, split: str, out: Path, shard_mb: float = 256.0, row_group_rows: int | None = None
 ) -> dict[str, Any]:
     """`out/<split>/` made of the dataset's rows (see the module's text); returns what materialized.json says."""
+    check_split(split)
     source = Source(dataset)
     rows_per_group = int(row_group_rows or (source.own.get("convert_params") or {}).get("row_group_rows") or 100)
     target = out / split
     previous = owned(target)
     partial = out / f".{split}.partial"
     if partial.exists():
+        if not (partial / PARTIAL).is_file():
+            raise FormatError(
+                f"{partial}: expected a killed run's partial copy (holding {PARTIAL}), found other files; "
+                "remove it yourself or pass another output directory"
+            )
         shutil.rmtree(partial)  # a killed run's: never read by anyone
     partial.mkdir(parents=True)
+    (partial / PARTIAL).touch()
     schema, shards = source.schema(split), []
     for n, (start, end) in enumerate(plan_shards(source.sizes(), int(shard_mb * 1e6))):
         name = f"{split}-{n:05d}.parquet"
@@ -150,8 +159,18 @@ def materialize(
         "shards": shards,
     }
     (partial / MARKER).write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    (partial / PARTIAL).unlink()
     _swap(partial, target, previous)
     return report
+
+
+def check_split(split: str) -> str:
+    """`split`, when it is a plain name (the output directory <out>/<split> stays inside <out>)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", split):
+        raise ValueError(
+            f"--split: expected a split name such as train or val (letters, digits, _ and -), found {split!r}"
+        )
+    return split
 
 
 def owned(target: Path) -> bool:
@@ -222,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     from .dvcconfig import RemoteError
 
     try:
+        check_split(args.split)
         if args.shard_mb <= 0:
             raise ValueError(f"--shard-mb: expected > 0, found {args.shard_mb}")
         report = materialize(_dataset(args), args.split, args.out, args.shard_mb)

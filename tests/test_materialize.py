@@ -114,6 +114,9 @@ def test_a_directory_it_did_not_write_is_never_replaced(viewed, tmp_path):  # no
     assert done.returncode == 1 and "found other files" in done.stderr and (out / "train" / "extra.parquet").exists()
     missing = _run(str(tmp_path / "x"), "--root", str(root), "--view", "nope")
     assert missing.returncode == 1 and "nope" in missing.stderr and "Traceback" not in missing.stderr
+    climbing = _run(str(tmp_path / "x" / "y"), "--root", str(root.parent), "--split", "../parquet/train")
+    assert climbing.returncode == 1 and "--split: expected a split name" in climbing.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_whole_split_materialised_is_the_curated_split(viewed, tmp_path):  # noqa: F811

@@ -198,9 +198,9 @@ class ShardedImages:
         hit: tuple[bytes, int] | None
         if self.remote is not None:
             file, file_row = self.index.locate_file(unit, index)
-            kept = self._fetch_rows(unit, file_row)
-            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row, kept)
-            label = -1 if image is None or self.overlay is not None else self._remote_labels(unit, kept)[row]
+            kept, keep = self._fetch_rows(unit, file_row)
+            image = self.remote.read_image(file, int(self.index.group_of[unit]), file_row, kept, keep)
+            label = -1 if image is None or self.overlay is not None else self._remote_labels(unit, kept, keep)[row]
             hit = None if image is None else (image, label)
         else:
             hit = self._indexed.read(*self.index.locate_file(unit, index))
@@ -214,12 +214,13 @@ class ShardedImages:
             return hit[0], int(self.overlay.labels[index])
         return hit[0], checked_label(hit[1], self._num_classes, self.files[self.index.locate_file(unit, index)[0]])
 
-    def _fetch_rows(self, unit: int, file_row: int) -> tuple[int, ...] | None:
-        """The file rows to fetch with file row `file_row` of row group `unit` (remote): `_sparse`'s, or — when the
-        node's live row groups do not fit its cache (`_pressure`: whole groups would be evicted before their rows
-        are read, and fetched again for each) — that row alone."""
+    def _fetch_rows(self, unit: int, file_row: int) -> tuple[tuple[int, ...] | None, bool]:
+        """(the file rows to fetch with file row `file_row` of row group `unit`, whether to cache them) (remote):
+        `_sparse`'s, cached — or, when the node's live row groups do not fit its cache (`_pressure`: whole groups
+        would be evicted before their rows are read, and fetched again for each), that row alone, read from memory
+        once."""
         kept = self._sparse(unit)
-        return (file_row,) if kept is None and self._pressure else kept
+        return ((file_row,), False) if kept is None and self._pressure else (kept, True)
 
     def _sparse(self, unit: int) -> tuple[int, ...] | None:
         """The file rows of row group `unit` to fetch alone (remote: only their image bytes): this node's rows of a
@@ -237,14 +238,14 @@ class ShardedImages:
             self._sparse_rows[unit] = tuple((kept + offset).tolist()) if sparse else None
         return self._sparse_rows[unit]
 
-    def _remote_labels(self, unit: int, kept: tuple[int, ...] | None) -> np.ndarray:
+    def _remote_labels(self, unit: int, kept: tuple[int, ...] | None, keep: bool) -> np.ndarray:
         """Labels of row group `unit` of remote shards (the piece `kept` names holds the group's label chunk; kept
         here: 8 bytes a row)."""
         labels = self._labels.get(unit)
         if labels is None:
             assert self.remote is not None
             file, group = int(self.index.file_of[unit]), int(self.index.group_of[unit])
-            labels = self._labels[unit] = self.remote.read_labels(file, group, kept)
+            labels = self._labels[unit] = self.remote.read_labels(file, group, kept, keep)
         return labels
 
     def _share_rows(self, rows: np.ndarray) -> None:

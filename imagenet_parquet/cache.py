@@ -158,7 +158,7 @@ class Cache:
 
     def _fill(self, path: Path, fill: Callable[[int], None], size: Callable[[], int] | None) -> int:
         if size is not None and is_piece(path.name) and not self._room(size() + SLACK, path, dry=True):
-            return self._fill_memory(path, fill)
+            return self.fill_memory(fill)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         fd = self.writing(lambda: os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644), tmp)
         try:
@@ -167,16 +167,16 @@ class Cache:
         except NoRoom:
             os.close(fd)
             tmp.unlink(missing_ok=True)
-            return self._fill_memory(path, fill)
+            return self.fill_memory(fill)
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
         return fd
 
-    def _fill_memory(self, path: Path, fill: Callable[[int], None]) -> int:
-        """`fill` into anonymous memory (the piece is served once, from there, and never cached)."""
-        fd = os.memfd_create(f"imagenet-parquet-{path.name}")
+    def fill_memory(self, fill: Callable[[int], None]) -> int:
+        """A descriptor of anonymous memory `fill(fd)` wrote and checked (a piece served once, never cached)."""
+        fd = os.memfd_create("imagenet-parquet-piece")
         self._memory.add(fd)
         try:
             fill(fd)

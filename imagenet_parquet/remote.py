@@ -301,10 +301,10 @@ class RemoteShards:
             reader = self._readers.setdefault(file, reader)
         return reader
 
-    def read_labels(self, file: int, group: int, kept: Sequence[int] | None = None) -> np.ndarray:
+    def read_labels(self, file: int, group: int, kept: Sequence[int] | None = None, keep: bool = True) -> np.ndarray:
         """The `label` column of row group `group` of `file`, from its piece (or, given `kept`, the piece of those
-        rows: it holds the group's label chunk too)."""
-        fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
+        rows: it holds the group's label chunk too; `keep` as read_image's)."""
+        fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept), keep)
         try:
             labels: np.ndarray = self._pieces(file).read_row_group(fd, group, ["label"]).column(0).to_numpy()
             return labels
@@ -318,18 +318,21 @@ class RemoteShards:
         finally:
             self.cache.close(fd)
 
-    def read_image(self, file: int, group: int, row: int, kept: Sequence[int] | None = None) -> bytes | None:
+    def read_image(
+        self, file: int, group: int, row: int, kept: Sequence[int] | None = None, keep: bool = True
+    ) -> bytes | None:
         """Image `row` of `file` (in row group `group`) through the footer's byte index (map-style), the row group
         fetched into the cache first — or, given `kept` (the file rows of the group the reader keeps, `row` among
         them), those rows' images only (`_rows_piece`); None for a shard without the index (the caller reads the
         row group). Every image read from the cache is checked against its row's sha256 (the piece's own chunk,
         parsed once per process): a cached byte changed since it was fetched is refused, the piece deleted and
-        fetched again."""
+        fetched again. `keep` False: the piece of `kept` is fetched into memory, read once, never cached (a node
+        whose live row groups do not fit its cache)."""
         index = self._byte_index(file)
         if index is None:
             return None
         for _ in range(2):  # the cached piece, then (when it fails its check) the piece fetched again
-            fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
+            fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept), keep)
             try:
                 data = read_indexed(fd, index[row], self.entries[file][0])
                 if self._digest(fd, file, group, row) == hashlib.sha256(data).hexdigest():
@@ -338,7 +341,8 @@ class RemoteShards:
                 pass
             finally:
                 self.cache.close(fd)
-            self._drop_piece(file, group, kept)
+            if keep:
+                self._drop_piece(file, group, kept)
         raise RemoteError(
             f"{self.remote.shown(self._url(file))}: image {row} of {self.entries[file][0]} read from the cache "
             f"({self.cache_dir}) does not match its {HASH_ALGORITHM}, also when fetched again; check the disk of the "
@@ -387,10 +391,11 @@ class RemoteShards:
             fd = self._piece(file, group) if kept is None else self._rows_piece(file, group, tuple(kept))
             self.cache.close(fd)
 
-    def _rows_piece(self, file: int, group: int, kept: tuple[int, ...]) -> int:
+    def _rows_piece(self, file: int, group: int, kept: tuple[int, ...], keep: bool = True) -> int:
         """A descriptor of the local sparse file holding the images of file rows `kept` of row group `group` and the
         group's sha256 chunk, at their own offsets (verified), fetched if needed: a few range requests (adjacent
-        images in one), so a view keeping few rows reads about their bytes, not the row group's."""
+        images in one), so a view keeping few rows reads about their bytes, not the row group's. `keep` False: in
+        memory, not cached."""
 
         def size() -> int:
             meta, index = self.footer(file), self._byte_index(file)
@@ -399,6 +404,8 @@ class RemoteShards:
             return chunks + int(index[list(kept), 1].sum()) + 4 * len(kept)
 
         fill = lambda fd: self._fill_rows(file, group, kept, fd)  # noqa: E731
+        if not keep:
+            return self.cache.fill_memory(fill)
         return self.cache.open_or_fill(self.entries[file][1], self._rows_name(group, kept), fill, size)
 
     def _remember(self, file: int, fd: int, chunks: list[tuple[int, int]]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +101,30 @@ def test_turbojpeg_never_reports_the_previous_images_header():
     for bad in [b"\xff\xd8 not a jpeg", good[:30]]:
         with pytest.raises(turbo.TurboError, match="the frame says None"):
             turbo.header(bad)
+
+
+def test_the_gpu_path_sends_only_the_jpegs_the_gate_passes_to_nvjpeg(monkeypatch):
+    """GpuAugment.decode: nvJPEG (torchvision.io.decode_jpeg, faked here: no CUDA) gets the plain JPEG; the lossless
+    and 4:4:1 ones are Pillow's, in their places."""
+    from imagenet_parquet.gpu import GpuAugment
+
+    seen: list[bytes] = []
+
+    def decode_jpeg(data, mode, device):
+        seen.extend(bytes(tensor.numpy()) for tensor in data)
+        return [torch.from_numpy(np.asarray(decode_image(bytes(t.numpy())))).permute(2, 0, 1) for t in data]
+
+    fake = types.ModuleType("torchvision.io")
+    fake.ImageReadMode, fake.decode_jpeg = types.SimpleNamespace(RGB="RGB"), decode_jpeg
+    monkeypatch.setitem(sys.modules, "torchvision.io", fake)
+    plain = jpegs.pillow_jpeg(jpegs.smooth(64, 48, 7))
+    out = GpuAugment(device="cpu").decode([LOSSLESS, plain, SUBSAMPLED_441])
+    assert seen == [plain]
+    assert [tuple(image.shape) for image in out] == [(3, 375, 500), (3, 48, 64), (3, 375, 500)]
+    for image, data in zip(out, [LOSSLESS, plain, SUBSAMPLED_441]):
+        assert torch.equal(image, torch.from_numpy(np.asarray(decode_image(data))).permute(2, 0, 1))
+    assert GpuAugment(device="cpu").decode([LOSSLESS])[0].shape == (3, 375, 500)  # nothing for nvJPEG: no call
+    assert seen == [plain]
 
 
 def test_a_bad_image_in_a_shard_is_one_error_naming_the_shard_and_the_row(tmp_path):

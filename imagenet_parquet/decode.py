@@ -39,18 +39,10 @@ def decode_image(
     img = Image.open(io.BytesIO(data))
     frame = markers.read_frame(data) if img.format == "JPEG" else None
     if draft_size is not None and frame is not None and frame.problem is None:
-        img.draft(mode, _draft_box(img.size, draft_size))  # what draft() below does, with the frame kept
+        img.draft(mode, _draft_box(img.size, draft_size))  # what markers.draft does, the frame kept
     _check_pixels(img.size, Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
     _check_data(frame)
     return img.convert(mode) if img.mode != mode else _loaded(img)
-
-
-def draft(img: Image.Image, data: bytes | memoryview, mode: str, size: tuple[int, int]) -> None:
-    """`img.draft(mode, size)` (decode at a reduced DCT scale) when `data`, the bytes `img` was opened from, is a
-    JPEG the gate passes (markers.py); anything else decodes at full size: libjpeg-turbo's reduced-scale decode of
-    a lossless JPEG corrupts the heap."""
-    if img.format == "JPEG" and markers.native_size(data) is not None:
-        img.draft(mode, size)
 
 
 def _check_pixels(size: tuple[int, int], limit: int | None) -> None:

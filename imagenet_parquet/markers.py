@@ -24,7 +24,7 @@ native header parse it replaces took 5 us; the crop it guards ~2,400 us: docs/re
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 Bytes = bytes | memoryview
 NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: standalone markers
@@ -87,6 +87,13 @@ def segments(data: Bytes) -> Iterator[tuple[int, int, int]]:
         if marker == 0xDA:
             return
         pos = body + length - 2
+
+
+def draft(img: Any, data: Bytes, mode: str, size: tuple[int, int]) -> None:
+    """`img.draft(mode, size)` (Pillow's decode at a reduced DCT scale) when `data`, the bytes the PIL image `img`
+    was opened from, is a JPEG the gate passes; anything else decodes at full size."""
+    if img.format == "JPEG" and native_size(data) is not None:
+        img.draft(mode, size)
 
 
 def native_size(data: Bytes) -> tuple[int, int] | None:

@@ -19,7 +19,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from imagenet_parquet.decode import draft
+from imagenet_parquet.markers import draft
 from tasks.convert.imaging import BadImage
 
 HASH_SIDE = 8  # 8 x 8 coefficients = 64 bits

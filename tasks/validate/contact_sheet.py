@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
-from imagenet_parquet.decode import draft
 from imagenet_parquet.format import FormatError, class_ids, decode_image_index, read_indexed, read_label_map
+from imagenet_parquet.markers import draft
 from imagenet_parquet.overlay import OVERLAY_DIR, read_overlay
 from tasks.common import SPLITS, atomic_path
 from tasks.common.params import path_key

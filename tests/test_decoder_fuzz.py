@@ -24,7 +24,7 @@ import pytest
 from imagenet_parquet import markers, turbo
 from imagenet_parquet.decode import Encoded, have_simplejpeg
 from tests.helpers import jpegs
-from tests.helpers.project import REPO
+from tests.helpers.project import REPO, SHARED
 
 CASE_SECONDS = 60  # no case (all paths) may take longer: a hang
 ERRORS = ("OSError", "UnidentifiedImageError", "DecompressionBombError")  # what the reader names the row for
@@ -97,7 +97,7 @@ def run_children(cases: list[jpegs.Case], tmp: Path, extra: tuple[str, ...] = ()
 
 @pytest.fixture(scope="module")
 def corpus() -> list[jpegs.Case]:
-    samples = REPO.parent / "shared" / "data" / "imagenet-samples"
+    samples = SHARED / "imagenet-samples"  # the real JPEGs to flip bytes of; synthetic ones only without ../shared
     return jpegs.corpus(samples if samples.is_dir() else None, FLIPS)
 
 

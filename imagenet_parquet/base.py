@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from .decode import Size, decode_image
+from .decode import ImageDecodeError, Size, decode_image
 from .format import HASH_ALGORITHM, class_ids, read_label_map
 from .heap import release_freed_heap
 from .indexed import IndexedReader, check_image, checked_label
@@ -270,15 +270,27 @@ class ShardedImages:
         assert self.remote is not None
         self.remote.prefetch(int(self.index.file_of[unit]), int(self.index.group_of[unit]), self._sparse(unit))
 
+    def _undecodable(self, index: int, err: Exception) -> ImageDecodeError:
+        """The error for global row `index`, whose image no decoder decoded (`err`: the decoder's own)."""
+        file, row = self.index.locate_file(self.index.locate(index)[0], index)
+        return ImageDecodeError(
+            f"{self.files[file]}: row {row}: expected an image the decoders read, found bytes they refuse "
+            f"({type(err).__name__}: {err}); exclude the image (curation/exclude.csv) or re-convert its source "
+            "with `convert.full_decode: true` (undecodable images are then quarantined, never stored)"
+        )
+
     def _willneed(self, indices: list[int]) -> None:
         """Ask the kernel for these rows' images (POSIX_FADV_WILLNEED; local shards with the byte index)."""
         if self.remote is None:
             self._indexed.willneed([self.index.locate_file(self.index.locate(i)[0], i) for i in indices])
 
-    def _sample(self, data: bytes, label: int) -> tuple[Any, Any]:
+    def _sample(self, data: bytes, label: int, index: int) -> tuple[Any, Any]:
         image: Any = data
         if self.decode:
-            image = self.crop(data) if self.crop is not None else decode_image(data, draft_size=self.draft_size)
+            try:
+                image = self.crop(data) if self.crop is not None else decode_image(data, draft_size=self.draft_size)
+            except Exception as err:  # Pillow's OSError, its bomb error, a decoder's ValueError: one error naming it
+                raise self._undecodable(index, err) from err
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:

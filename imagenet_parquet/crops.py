@@ -16,9 +16,10 @@ faster), the largest that keeps the box at least `size` pixels on both sides, so
 from fewer source pixels than a full decode gives; then only the box is resized (bilinear, antialiased: torch's
 uint8 kernel, which torchvision's tensor transforms use, when torch is installed, else Pillow's). The decoder is
 simplejpeg when installed (`pip install 'imagenet-parquet[fast]'`), else Pillow (`Image.draft`); non-JPEG bytes and
-JPEGs libjpeg-turbo cannot convert (CMYK) take the full Pillow decode, with the same box. EXIF orientation is not
-applied (as torchvision's PIL loader). Output: a uint8 tensor (3, size, size) with torch, else a numpy array
-(size, size, 3). How close the pixels are to torchvision's: docs/trainer.md, tests/test_crops.py."""
+JPEGs the gate in markers.py does not pass (lossless, arithmetic, 12-bit, CMYK, unusual sampling, damaged headers)
+take Pillow's full decode, with the same box. EXIF orientation is not applied (as torchvision's PIL loader). Output:
+a uint8 tensor (3, size, size) with torch, else a numpy array (size, size, 3). How close the pixels are to
+torchvision's: docs/trainer.md, tests/test_crops.py."""
 
 from __future__ import annotations
 
@@ -156,7 +157,7 @@ def crop_resized(
 ) -> Any:
     """The `box` (top, left, h, w in original pixels) of `image`, decoded at the smallest DCT scale that keeps it
     at least `out` pixels a side, resized to (out, out): uint8 (3, out, out) tensor with torch, else (out, out, 3)."""
-    denominator = dct_denominator(box[2], box[3], out, out) if image.jpeg else 1
+    denominator = dct_denominator(box[2], box[3], out, out) if image.scalable else 1
     pixels, y0, x0 = image.decode(denominator, max_pixels, box)
     top, left, h, w = box[0] / denominator - y0, box[1] / denominator - x0, box[2] / denominator, box[3] / denominator
     # (libjpeg-turbo's scaled pixel k covers original pixels [k*d, (k+1)*d))

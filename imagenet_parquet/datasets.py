@@ -127,7 +127,8 @@ class ParquetImageDataset(ShardedImages, _MapBase):
         index = int(index) + total if int(index) < 0 else int(index)
         if not 0 <= index < total:
             raise IndexError(f"index {index} out of range for {total} images")
-        return self._sample(*self._read_row(self._global(index)))
+        row = self._global(index)
+        return self._sample(*self._read_row(row), row)
 
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]]:
         """A DataLoader batch: the kernel is asked for every image of the batch first (POSIX_FADV_WILLNEED), so
@@ -236,11 +237,11 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         return super()._other_topology(position)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        for data, label in self._rows():
-            yield self._sample(data, label)
+        for data, label, row in self._rows():
+            yield self._sample(data, label, row)
 
-    def _rows(self) -> Iterator[tuple[bytes, int]]:
-        """(bytes, label) of this (rank, worker)'s positions of the epoch order, in order, read ahead."""
+    def _rows(self) -> Iterator[tuple[bytes, int, int]]:
+        """(bytes, label, global row) of this (rank, worker)'s positions of the epoch order, in order, read ahead."""
         worker, workers = _worker()
         start, local, count = self._begin()
         order, positions = self._order(), self._positions(start.origin)
@@ -259,9 +260,9 @@ class ParquetIterableDataset(ShardedImages, Resumable, _IterBase):
         loads = read_ahead(pieces, load, self.read_ahead, hint, self.read_ahead + 2)
         try:
             for (a, b), loaded in zip(pieces, loads, strict=True):
-                for done, row in zip(mine[a:b].tolist(), loaded, strict=True):
+                for done, (data, label), row in zip(mine[a:b].tolist(), loaded, rows[a:b], strict=True):
                     self._advance(done + 1)  # before the yield: a snapshot taken after it counts this row
-                    yield row
+                    yield data, label, row
         finally:
             node.close()
         self._resume = None  # this pass is done: a next pass over the epoch starts at its beginning

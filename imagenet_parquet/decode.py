@@ -1,5 +1,6 @@
 """Image decoding: PIL, optionally with JPEG draft mode (DCT-domain downscaling) when the target size is known;
-`Encoded`: an image's header read first, then its pixels decoded at a chosen DCT scale (crops.py)."""
+`Encoded`: an image's header read first, then its pixels decoded at a chosen DCT scale (crops.py). Only JPEGs the
+gate in markers.py passes reach TurboJPEG, simplejpeg or a DCT scale; the rest are Pillow's, at full scale."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from . import turbo
+from . import markers, turbo
 
 try:  # libjpeg-turbo bundled in a wheel (`pip install 'imagenet-parquet[fast]'`): faster than Pillow's decode path
     import simplejpeg
@@ -33,11 +34,14 @@ def decode_image(
     1/1, 1/2, 1/4, 1/8 scales that still keeps the image at least that large (Pillow's `Image.draft`), which is
     much faster for large JPEGs. Exact for resize-then-crop evaluation pipelines; for RandomResizedCrop it trades
     resolution inside small crops for speed. Non-JPEG images ignore it. EXIF orientation is not applied (same as
-    the PIL loader); the `exif_orientation` column records it."""
+    the PIL loader); the `exif_orientation` column records it. A JPEG the gate (markers.py) does not pass, e.g. a
+    lossless one, is decoded at full scale: libjpeg-turbo's scaled decode of those is not safe."""
     img = Image.open(io.BytesIO(data))
-    if draft_size is not None and img.format == "JPEG":
-        img.draft(mode, _draft_box(img.size, draft_size))
+    frame = markers.read_frame(data) if img.format == "JPEG" else None
+    if draft_size is not None and frame is not None and frame.problem is None:
+        img.draft(mode, _draft_box(img.size, draft_size))  # what markers.draft does, the frame kept
     _check_pixels(img.size, Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
+    _check_data(frame)
     return img.convert(mode) if img.mode != mode else _loaded(img)
 
 
@@ -48,6 +52,11 @@ def _check_pixels(size: tuple[int, int], limit: int | None) -> None:
             f"image of {width}x{height} = {width * height:,} pixels to decode, more than max_pixels={limit:,} "
             "(a decompression bomb?); pass a draft_size to decode it smaller, or a larger max_pixels if it is real"
         )
+
+
+def _check_data(frame: markers.Frame | None) -> None:
+    if frame is not None and frame.short:
+        raise OSError(frame.short)
 
 
 def _loaded(img: Image.Image) -> Image.Image:
@@ -70,36 +79,37 @@ def have_simplejpeg() -> bool:
     return simplejpeg is not None
 
 
+class ImageDecodeError(OSError):
+    """A reader's image that no decoder could decode: the message names the shard and the row (the decoder's own
+    error is its __cause__)."""
+
+
 @dataclass
 class Encoded:
-    """Image bytes with their size read from the header (nothing decoded yet), and the decoder that read it."""
+    """Image bytes with their size read from the header (nothing decoded yet), and the decoder that will decode them."""
 
     data: bytes
     width: int
     height: int
-    jpeg: bool
+    scalable: bool  # a JPEG the gate passes (markers.py): decoded at a DCT scale; else at full scale, by Pillow
     opened: Image.Image | None = None  # Pillow's parse, when Pillow read the header
     backend: str = "pillow"  # turbojpeg (region decode) | simplejpeg | pillow
+    short: str | None = None  # markers.Frame.short: decode raises it
 
     @classmethod
     def parse(cls, data: bytes, decoder: str = "auto") -> Encoded:
-        """The header of `data`, read by the first of TurboJPEG 3 (turbo.py, when found), simplejpeg (when
-        installed) and Pillow that reads it (`decoder` "auto"), or by the one named; a JPEG the faster decoders
-        refuse (CMYK, damage they call fatal) is left to Pillow, whose errors are decode_image's."""
-        if decoder in ("auto", "turbojpeg") and turbo.available():
-            try:
-                width, height, _ = turbo.header(data)
-                return cls(data, width, height, True, None, "turbojpeg")
-            except turbo.TurboError:
-                pass
-        if decoder in ("auto", "simplejpeg") and simplejpeg is not None:
-            try:
-                height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-                return cls(data, int(width), int(height), True, None, "simplejpeg")
-            except ValueError:
-                pass
+        """The header of `data`: a JPEG the gate passes (markers.py: its size from its own frame header) goes to
+        the first there of TurboJPEG 3 (turbo.py) and simplejpeg (`decoder` "auto"), or to the one named;
+        anything else (and `decoder` "pillow") is read by Pillow, whose errors are decode_image's."""
+        frame = markers.read_frame(data)
+        if frame is not None and frame.problem is None:
+            if decoder in ("auto", "turbojpeg") and turbo.available():
+                return cls(data, frame.width, frame.height, True, None, "turbojpeg")
+            if decoder in ("auto", "simplejpeg") and simplejpeg is not None:
+                return cls(data, frame.width, frame.height, True, None, "simplejpeg")
         img = Image.open(io.BytesIO(data))
-        return cls(data, img.size[0], img.size[1], img.format == "JPEG", img)
+        native = frame is not None and frame.problem is None and img.format == "JPEG"
+        return cls(data, img.size[0], img.size[1], native, img, short=frame.short if frame else None)
 
     def decode(
         self, denominator: int = 1, max_pixels: int | None = None, box: tuple[float, float, float, float] | None = None
@@ -110,9 +120,12 @@ class Encoded:
         limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
         rows, cols = -(-self.height // denominator), -(-self.width // denominator)
         _check_pixels((cols, rows), limit)
+        if self.short:
+            raise OSError(self.short)
         if self.backend == "turbojpeg":
             try:
-                return turbo.decode_region(self.data, denominator, box or (0, 0, self.height, self.width))
+                whole = (0, 0, self.height, self.width)
+                return turbo.decode_region(self.data, denominator, box or whole, (self.width, self.height))
             except turbo.TurboError:  # refused after its header passed: Pillow decides
                 pass
         if self.backend == "simplejpeg":
@@ -123,6 +136,6 @@ class Encoded:
             except ValueError:  # data libjpeg-turbo calls corrupt where Pillow may not: Pillow decides
                 pass
         img, self.opened = self.opened or Image.open(io.BytesIO(self.data)), None  # a parse serves one decode
-        if denominator > 1 and img.format == "JPEG":
+        if denominator > 1 and self.scalable:
             img.draft("RGB", (self.width // denominator, self.height // denominator))
         return np.asarray(img.convert("RGB") if img.mode != "RGB" else _loaded(img)), 0, 0

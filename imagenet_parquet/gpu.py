@@ -15,7 +15,9 @@ out RGB with ImageReadMode.RGB). torchvision is imported only when `decode` runs
 The crop boxes follow torchvision's RandomResizedCrop.get_params (crops.rrc_box: 10 tries, then the centred
 whole image clamped to the ratio range); each crop is resized with bilinear, antialiased interpolation
 (torchvision's default for tensors). The shards hold JPEGs only (the convert stage turns PNG/GIF/CMYK into
-RGB JPEG), which nvJPEG reads.
+RGB JPEG); those the decoder gate passes (imagenet_parquet/markers.py: every ImageNet JPEG) go to nvJPEG, the rest
+(a lossless or 4:4:1 JPEG kept byte for byte, say) are decoded by Pillow on the CPU and moved to the device, as
+the CPU crops do: one such image never costs the batch.
 `augment` works on any device (the CPU tests use it), `decode` needs CUDA and torchvision."""
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import markers
 from .crops import NumpyDraws, center_box, rrc_box
+from .decode import decode_image
 
 
 def collate_bytes(batch: Sequence[tuple[bytes, int]]) -> tuple[list[bytes], torch.Tensor]:
@@ -68,7 +72,8 @@ class GpuAugment:
         return self.augment(self.decode(blobs))
 
     def decode(self, blobs: Sequence[bytes]) -> list[torch.Tensor]:
-        """Batch-decode JPEG bytes on `device` with torchvision.io.decode_jpeg: a list of uint8 (3, H, W)."""
+        """Batch-decode JPEG bytes on `device` with torchvision.io.decode_jpeg (those the decoder gate passes; the
+        others with Pillow, then moved there): a list of uint8 (3, H, W), in order."""
         try:
             tvio = importlib.import_module("torchvision.io")  # lazily: the reader never needs torchvision
         except ImportError:
@@ -76,9 +81,16 @@ class GpuAugment:
                 "GpuAugment.decode needs torchvision (torchvision.io.decode_jpeg, nvJPEG): "
                 "pip install torchvision matching your torch"
             ) from None
-        data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
-        images: Any = tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB, device=self.device)
-        return list(images)
+        native = [markers.native_size(b) is not None for b in blobs]
+        data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b, ok in zip(blobs, native, strict=True) if ok]
+        images: Any = tvio.decode_jpeg(data, mode=tvio.ImageReadMode.RGB, device=self.device) if data else []
+        decoded = iter(images)
+        return [next(decoded) if ok else self._on_cpu(b) for b, ok in zip(blobs, native, strict=True)]
+
+    def _on_cpu(self, blob: bytes) -> torch.Tensor:
+        """A JPEG the gate keeps from nvJPEG: Pillow's full decode (uint8 (3, H, W)) moved to the device."""
+        pixels = np.asarray(decode_image(blob))
+        return torch.from_numpy(pixels.copy()).permute(2, 0, 1).to(self.device)
 
     def boxes(self, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
         """One (top, left, h, w) per (height, width), drawn from this augment's generator."""

@@ -11,7 +11,8 @@ Homebrew). Without one, `available()` is False and crops.py decodes with simplej
 
 TurboJPEG keeps its own error state (setjmp inside the library), so a corrupt JPEG returns an error code here,
 never a longjmp through Python. An error or a warning (a truncated file, corrupt data) is TurboError: the caller
-leaves such bytes to Pillow, which decides as decode_image does (an image, or its error)."""
+leaves such bytes to Pillow, which decides as decode_image does (an image, or its error). Only JPEGs the gate in
+markers.py passes are handed to it (decode.py), and its header must agree with their frame header."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from . import markers
 
 ENV = "IMAGENET_PARQUET_TURBOJPEG"
 TJINIT_DECOMPRESS = 1
@@ -104,21 +107,31 @@ def _session() -> tuple[ctypes.CDLL, int]:
     return lib, own.handle
 
 
-def header(data: bytes) -> tuple[int, int, int]:
-    """(width, height, subsampling) of a JPEG that TurboJPEG decodes to RGB, else TurboError."""
+def header(data: bytes, size: tuple[int, int] | None = None) -> tuple[int, int, int]:
+    """(width, height, subsampling) of a JPEG that TurboJPEG decodes to RGB, else TurboError. `size`: the
+    (width, height) its own frame header gives (markers.py; read here when None). tj3DecompressHeader returns 0
+    for bytes it cannot parse ("Premature end of JPEG file", a warning) and leaves the previous image's header in
+    the handle (libjpeg-turbo 3.0): a size other than the frame's is that, and refused."""
+    if size is None:
+        size = markers.native_size(data)
     lib, handle = _session()
     if lib.tj3DecompressHeader(handle, data, len(data)) != 0:
         raise TurboError(lib.tj3GetErrorStr(handle).decode(errors="replace"))
     if lib.tj3Get(handle, TJPARAM_COLORSPACE) not in RGB_COLORSPACES:
         raise TurboError("CMYK/YCCK: not converted to RGB by libjpeg-turbo")
     width, height = lib.tj3Get(handle, TJPARAM_JPEGWIDTH), lib.tj3Get(handle, TJPARAM_JPEGHEIGHT)
+    if (width, height) != size:
+        raise TurboError(f"header of {width}x{height} read, the frame says {size}: not a JPEG the gate passes")
     return width, height, lib.tj3Get(handle, TJPARAM_SUBSAMP)
 
 
-def decode_region(data: bytes, denominator: int, box: tuple[float, float, float, float]) -> tuple[np.ndarray, int, int]:
+def decode_region(
+    data: bytes, denominator: int, box: tuple[float, float, float, float], size: tuple[int, int] | None = None
+) -> tuple[np.ndarray, int, int]:
     """RGB uint8 pixels of `box` (top, left, h, w in original pixels) decoded at 1/`denominator` scale, widened to
-    whole scaled pixels and, on the left, to the scaled iMCU boundary; with the scaled (y, x) of its corner."""
-    width, height, subsampling = header(data)
+    whole scaled pixels and, on the left, to the scaled iMCU boundary; with the scaled (y, x) of its corner.
+    `size`: as for header()."""
+    width, height, subsampling = header(data, size)
     lib, handle = _session()
     rows, cols = -(-height // denominator), -(-width // denominator)
     mcu = max(1, MCU_WIDTH.get(subsampling, 8) // denominator)

@@ -123,7 +123,7 @@ def _train_pairs(paths: list[Path], size: int, decoder: str, seed: int):
         data = path.read_bytes()
         image = Encoded.parse(data, decoder)
         box = rrc_box(image.height, image.width, (0.08, 1.0), (3 / 4, 4 / 3), TorchDraws(generator))
-        scale = dct_denominator(box[2], box[3], size, size) if image.jpeg else 1
+        scale = dct_denominator(box[2], box[3], size, size) if image.scalable else 1
         yield scale, crop_resized(image, box, size), _reference_train(data, box, size)
 
 

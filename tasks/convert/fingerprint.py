@@ -1,8 +1,9 @@
 """A 64-bit perceptual fingerprint (DCT hash, "pHash") of an image's stored bytes, for near-duplicate search.
 
 The picture is decoded at a reduced scale (JPEG DCT scaling via `Image.draft`: the strongest of 1/2..1/8 that keeps
-both sides >= 64 px), turned to 32 x 32 grey (Hamming filter: the most resize- and crop-stable of the filters
-measured), and the 8 x 8 lowest frequencies of its 2-D DCT-II after the first row and column (u, v = 1..8, as
+both sides >= 64 px; full scale for what the reader's decoder gate refuses, e.g. a lossless JPEG), turned to
+32 x 32 grey (Hamming filter: the most resize- and crop-stable of the filters measured), and the 8 x 8 lowest
+frequencies of its 2-D DCT-II after the first row and column (u, v = 1..8, as
 pHash's ph_dct_imagehash: the DC term (0, 0), the mean brightness, is far above every other coefficient, so
 `dct64-v1`, which took u, v = 0..7 like `imagehash.phash`, had its top bit 1 for every image) are compared with
 their median: bit i (row-major, most significant first) is 1 where coefficient i is above it, so half the bits are
@@ -18,6 +19,7 @@ import io
 import numpy as np
 from PIL import Image
 
+from imagenet_parquet.markers import draft
 from tasks.convert.imaging import BadImage
 
 HASH_SIDE = 8  # 8 x 8 coefficients = 64 bits
@@ -39,7 +41,7 @@ MIDDLE = (HASH_SIDE * HASH_SIDE // 2 - 1, HASH_SIDE * HASH_SIDE // 2)  # the two
 def grey_grid(data: bytes | memoryview) -> np.ndarray:
     """The image as GRID x GRID float grey levels, from a reduced decode (raises what Pillow raises)."""
     with Image.open(io.BytesIO(data)) as image:
-        image.draft("L", (GRID * 2, GRID * 2))  # a no-op for other formats
+        draft(image, data, "L", (GRID * 2, GRID * 2))  # JPEGs the reader's decoder gate passes, only
         grey = image.convert("L").resize((GRID, GRID), Image.Resampling.HAMMING)
     return np.asarray(grey, dtype=np.float64)
 

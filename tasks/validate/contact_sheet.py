@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 
 from imagenet_parquet.format import FormatError, class_ids, decode_image_index, read_indexed, read_label_map
+from imagenet_parquet.markers import draft
 from imagenet_parquet.overlay import OVERLAY_DIR, read_overlay
 from tasks.common import SPLITS, atomic_path
 from tasks.common.params import path_key
@@ -84,7 +85,7 @@ def thumbnail(data: bytes | memoryview) -> Image.Image | None:
     """An RGB thumbnail within THUMB x THUMB (as a PIL loader sees the pixels), None when undecodable."""
     try:
         with Image.open(io.BytesIO(data)) as image:
-            image.draft("RGB", (THUMB, THUMB))
+            draft(image, data, "RGB", (THUMB, THUMB))  # JPEGs the reader's decoder gate passes, only
             rgb = image.convert("RGB")
     except Exception:  # the decode check reports it; the sheet shows an empty cell
         return None

@@ -5,6 +5,8 @@ another), and every bad input is one line: an OUT that is a file, a params.yaml 
 overlay. `make compact OUT='a b'` passes one argument."""
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 import shutil
@@ -26,6 +28,7 @@ from tests.helpers.project import REPO
 from tests.test_compact import CURATE, WNIDS, _name, _project
 
 FOLDER = {"mode": "folder", "folder": "photos"}
+LEGACY = "Written by `python -m tasks.curate.compact` (make compact): the next one replaces this directory\n"
 
 
 def _tree(path: Path) -> dict[str, bytes]:
@@ -213,3 +216,104 @@ def _restore(out: Path, files: dict[str, bytes]) -> None:
     for name, data in files.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_bytes(data)
+
+
+# ---------------------------------------------------------------- issue 49: compaction owns only what it wrote
+@pytest.fixture()
+def compacted_once(tmp_path, capsys):
+    """A project compacted into data/compacted (its marker lists what it wrote)."""
+    root = _project(tmp_path)
+    write_params(root, curate=CURATE)
+    assert _run(root, "data/compacted", capsys)[0] == 0
+    return root, root / "data/compacted"
+
+
+def _refused_and_kept(root: Path, out: Path, capsys, pattern: str) -> None:
+    before = _tree(out)
+    code, err = _run(root, "data/compacted", capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(pattern, err), err
+    assert _tree(out) == before and not list(out.parent.glob(".compacted.*"))
+
+
+def test_the_marker_lists_every_file_compaction_wrote_with_its_size_and_md5(compacted_once):
+    _, out = compacted_once
+    marker = json.loads((out / ".compaction").read_text())
+    files = {name: data for name, data in _tree(out).items() if name != ".compaction"}
+    assert marker["format"] == 1 and sorted(marker["files"]) == sorted(files)
+    assert all(marker["files"][n] == {"bytes": len(d), "md5": hashlib.md5(d).hexdigest()} for n, d in files.items())
+
+
+def test_a_file_a_user_put_into_a_split_folder_is_refused_and_kept(compacted_once, capsys):
+    """`data/compacted/train/README.md` was removed silently by the next `make compact`."""
+    root, out = compacted_once
+    (out / "train/README.md").write_text("mine")
+    _refused_and_kept(root, out, capsys, r"compact --out: expected only the files compaction wrote in \S+/data/"
+                      r"compacted \(listed in its \.compaction\), unchanged, found train/README\.md: not listed in "
+                      r"\.compaction: not written by compaction; move it out of the directory")
+
+
+@pytest.mark.parametrize("change, found", [
+    (lambda out: (out / "val/notes").mkdir(), r"val/notes: not listed"),
+    (lambda out: (out / "train/link.parquet").symlink_to(out / "compaction.json"), r"train/link\.parquet: not listed"),
+    (lambda out: _flip(next(iter(sorted((out / "train").glob("*.parquet"))))),
+     r"train/train-00001-of-00004\.parquet: changed since compaction wrote it \(md5 [0-9a-f]{32}, listed [0-9a-f]{32}\)"),
+    (lambda out: (out / "compaction.json").write_text("{}"), r"compaction\.json: changed since compaction wrote it "
+     r"\(2 bytes, listed"),
+])
+def test_anything_compaction_did_not_write_or_that_changed_is_refused(compacted_once, capsys, change, found):
+    root, out = compacted_once
+    change(out)
+    _refused_and_kept(root, out, capsys, f"found {found}")
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # same size: only the md5 tells
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("marker, found", [
+    ("", r"found no JSON \(Expecting value at line 1 column 1\)"),
+    (LEGACY, r"found the marker of an earlier compaction, which lists no files"),
+    ('{"format": 1, "note": "", "files": {"../../params.yaml": {"bytes": 1, "md5": "' + "0" * 32 + '"}}}',
+     r"found files: the key '\.\./\.\./params\.yaml': expected compaction\.json or <split>/<shard>\.parquet \(a "
+     r"split of train, val; no hidden name, no path\), found '\.\./\.\./params\.yaml'"),
+    ('{"format": 1, "note": "", "files": {}, "files": {}}', r"found ValueError: the key 'files' twice"),
+    ('{"format": 2, "note": "", "files": {}}', r"found format: expected one of 1, found 2"),
+])
+def test_an_empty_or_malformed_marker_is_refused(compacted_once, capsys, marker, found):
+    """An empty `.compaction` was accepted as compaction's."""
+    root, out = compacted_once
+    (out / ".compaction").write_text(marker)
+    _refused_and_kept(root, out, capsys, r"\S+/data/compacted/\.compaction: expected the marker compaction writes "
+                      rf"\(JSON, format 1: the files it wrote, each with its bytes and md5\), {found}.*; move out "
+                      r"what is yours, remove \S+/data/compacted and compact again, or pass a new directory")
+
+
+def test_a_file_put_there_while_compaction_ran_is_refused_before_the_previous_set_goes(compacted_once, capsys,
+                                                                                       monkeypatch):
+    root, out = compacted_once
+    before, write_split = _tree(out), compact.write_split
+
+    def and_a_user(written, plan):
+        (out / "val/mine.txt").write_text("mine")  # between the first check and the publish
+        return write_split(written, plan)
+
+    monkeypatch.setattr(compact, "write_split", and_a_user)
+    code, err = _run(root, "data/compacted", capsys)
+    assert code == 1 and "found val/mine.txt: put there or changed while compaction ran" in err, err
+    assert _tree(out) == {**before, "val/mine.txt": b"mine"} and not list(out.parent.glob(".compacted.*"))
+
+
+def test_in_a_dvc_project_the_next_compaction_reads_none_of_the_previous_set(tmp_path, capsys, monkeypatch):
+    """DVC's state learns each published file's MD5 (size, mtime, inode): the ownership check hashes nothing."""
+    root = _project(tmp_path)
+    write_params(root, curate=CURATE)
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=root, check=True, timeout=60)
+    assert _run(root, "data/compacted", capsys)[0] == 0
+    monkeypatch.setattr(compact_out, "_md5", lambda path: pytest.fail(f"{path} read again"))
+    assert _run(root, "data/compacted", capsys)[0] == 0
+    _flip(root / "data/compacted/compaction.json")  # a change: DVC's record misses, the file is hashed (and refused)
+    monkeypatch.undo()
+    assert "compaction.json: changed since compaction wrote it" in _run(root, "data/compacted", capsys)[1]

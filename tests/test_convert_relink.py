@@ -46,10 +46,10 @@ def test_listed_shards_are_linked_back_from_the_dvc_cache_only_by_md5_and_size(d
         _entry("train-hc.parquet", "0" * 32, 10),  # not in the cache
         _entry("train-hd.parquet", "../../../../params", 10),  # not an md5: never a path
     ]
-    assert relink.restore_listed(job, {"train": entries}) == 1
+    assert len(relink.restore_listed(job, {"train": entries})) == 1
     assert (shards / "train-ha.parquet").samefile(cached)
     assert sorted(p.name for p in shards.iterdir()) == ["train-ha.parquet"]
-    assert relink.restore_listed(job, {"train": entries[:1]}) == 0  # present: nothing to do
+    assert len(relink.restore_listed(job, {"train": entries[:1]})) == 0  # present: nothing to do
 
 
 def test_a_cache_on_another_filesystem_is_copied_under_a_temporary_name(dvc_repo, monkeypatch):
@@ -61,7 +61,7 @@ def test_a_cache_on_another_filesystem_is_copied_under_a_temporary_name(dvc_repo
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
     monkeypatch.setattr(relink.os, "link", cross_device)
-    assert relink.restore_listed(job, {"train": [_entry("train-ha.parquet", md5, 700)]}) == 1
+    assert len(relink.restore_listed(job, {"train": [_entry("train-ha.parquet", md5, 700)]})) == 1
     restored = shards / "train-ha.parquet"
     assert restored.read_bytes() == cached.read_bytes() and not restored.samefile(cached)
     assert [p.name for p in shards.iterdir()] == ["train-ha.parquet"]  # no temporary left
@@ -82,7 +82,7 @@ def test_a_finished_shard_comes_back_from_its_resume_link_and_a_listed_one_when_
     shard.unlink()
     md5 = hashlib.md5(b"x" * 50).hexdigest()
     (scratch / "train-g1-hx.json").write_text('{"md5": "%s"}' % ("f" * 32))  # stats of other bytes: not used
-    assert relink.restore_listed(job, {"train": [_entry(shard.name, md5, 50)]}) == 0  # (no DVC repo here)
+    assert len(relink.restore_listed(job, {"train": [_entry(shard.name, md5, 50)]})) == 0  # (no DVC repo here)
     (scratch / "train-g1-hx.json").write_text('{"md5": "%s"}' % md5)
-    assert relink.restore_listed(job, {"train": [_entry(shard.name, md5, 50)]}) == 1
+    assert len(relink.restore_listed(job, {"train": [_entry(shard.name, md5, 50)]})) == 1
     assert shard.stat().st_ino == inode

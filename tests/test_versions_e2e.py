@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -143,3 +146,30 @@ def test_a_view_by_name_and_resume_states_across_versions_and_views(appended):
     for extra in ([], ["--view", "pets"]):
         out = _run([sys.executable, "-m", "imagenet_parquet.check", "--repo", str(repo), *extra], repo)
         assert out.startswith("0 problem(s) in 4 shards of 2 split(s)"), out
+
+
+def test_a_row_count_edited_in_the_history_stops_dvc_repro_and_writes_no_wrong_count(appended):
+    """Issue 49 through `dvc repro`: `rows` 15 -> 14 in versions/layout.json passed, into data/metrics/convert.json
+    (one row fewer than the shards hold) and dvc.lock. Now the run stops in one line naming the file, the
+    generation and the field; restored from git, the next `dvc repro` gives the same metric and dvc.lock."""
+    _, repo, _, _, _ = appended
+    kept = {name: (repo / name).read_bytes() for name in ("versions/layout.json", "dvc.lock",
+                                                          "data/metrics/convert.json")}
+    doc = json.loads(kept["versions/layout.json"])
+    doc["splits"]["train"][1]["shards"][0]["rows"] -= 1
+    (repo / "versions/layout.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    try:
+        run = subprocess.run(["dvc", "repro"], cwd=repo, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+        said = run.stdout + run.stderr
+        assert run.returncode != 0 and "Traceback" not in said, said[-3000:]
+        assert re.search(r"versions/layout\.json: train generation 1, shard 0 \('train-g1-h[0-9a-f]{16}\.parquet'\), "
+                         r"rows: expected (\d+) \(what the footer of \S+ holds\), found \d+", said), said[-3000:]
+        assert (repo / "dvc.lock").read_bytes() == kept["dvc.lock"]
+        metric = repo / "data/metrics/convert.json"  # DVC removed it before the stage ran: no wrong count
+        assert not metric.exists() or metric.read_bytes() == kept["data/metrics/convert.json"]
+    finally:
+        (repo / "versions/layout.json").write_bytes(kept["versions/layout.json"])  # `git checkout` of it
+        _run(["dvc", "repro"], repo)
+    assert {name: (repo / name).read_bytes() for name in kept} == kept
+    assert up_to_date(_run(["dvc", "status"], repo))

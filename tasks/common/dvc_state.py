@@ -43,12 +43,23 @@ def open_repo(path: str | os.PathLike[str]) -> Repo | None:
 
 def state_get(path: str | os.PathLike[str]) -> str | None:
     """The MD5 DVC recorded for the file as it is now, else None."""
-    repo = open_repo(path)
+    return state_md5s([path]).get(str(path))
+
+
+def state_md5s(paths: Iterable[str | os.PathLike[str]]) -> dict[str, str]:
+    """The MD5 DVC recorded for each file of `paths` as it is now (by `str(path)`; those DVC knows), one repo open
+    for all (of the repo holding the first)."""
+    todo = [str(path) for path in paths]
+    repo = open_repo(todo[0]) if todo else None
     if repo is None:
-        return None
+        return {}
     try:
-        _meta, hash_info = repo.state.get(os.path.abspath(path), repo.fs)
-        return hash_info.value if hash_info is not None and hash_info.name == "md5" else None
+        found = {}
+        for path in todo:
+            _meta, hash_info = repo.state.get(os.path.abspath(path), repo.fs)
+            if hash_info is not None and hash_info.name == "md5":
+                found[path] = str(hash_info.value)
+        return found
     finally:
         repo.close()
 

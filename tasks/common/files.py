@@ -136,3 +136,31 @@ def read_small_text(path: str | os.PathLike[str], max_bytes: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UnfitFile(f"bytes that are not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def read_json_strict(path: str | os.PathLike[str], max_bytes: int) -> Any:
+    """The JSON document of a small regular UTF-8 file (`read_small_text`), each key once per object (JSON keeps
+    the last of two silently: a merge can leave both) and no NaN or Infinity (no JSON number); ValueError (a
+    JSONDecodeError, UnfitFile) or OSError otherwise."""
+    return json.loads(read_small_text(path, max_bytes), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+
+
+def json_problem(err: Exception) -> str:
+    """What `read_json_strict` found instead of a document, in words."""
+    if isinstance(err, UnfitFile):
+        return str(err)
+    if isinstance(err, json.JSONDecodeError):
+        return f"no JSON ({err.msg} at line {err.lineno} column {err.colno})"
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"the key {twice[0]!r} twice in one object")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name}, which is no JSON number")

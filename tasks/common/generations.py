@@ -16,18 +16,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from imagenet_parquet.format import LABEL_MAP_KEYS, class_ids, label_map_from_metadata, shard_generation
+from imagenet_parquet.format import LABEL_MAP_KEYS, class_ids, label_map_from_metadata, own_metadata, shard_generation
 
 REMOVED, REPLACED = "removed from source", "replaced by a newer version"  # the overlay's exclusion reasons
 
 
 @dataclass(frozen=True)
 class ShardClasses:
-    """A shard's generation and its own label map (and that map's class ids, by label)."""
+    """A shard's generation and its own label map (and that map's class ids, by label), and the split its metadata
+    names (None: none)."""
 
     generation: int
     label_map: dict[str, Any]
     ids: list[str]
+    split: str | None = None
 
 
 def shard_classes(
@@ -40,7 +42,9 @@ def shard_classes(
     if seen is not None and key in seen:
         return seen[key]
     label_map = label_map_from_metadata(meta, where)
-    found = ShardClasses(shard_generation(meta), label_map, class_ids(label_map))
+    split = (own_metadata(meta) or {}).get("split")
+    named = split if isinstance(split, str) else None
+    found = ShardClasses(shard_generation(meta), label_map, class_ids(label_map), named)
     if seen is not None:
         seen[key] = found
     return found

@@ -17,7 +17,6 @@ checks a run against (anything else that must judge the same values too)."""
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import re
@@ -46,6 +45,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from tasks.common.errors import PipelineError
+from tasks.common.model_errors import expected, key_path, message, problem, shown
 
 # ---------------------------------------------------------------- value rules (plain functions and data)
 # Query keys that carry a secret: pre-signed S3 / GCS / Azure SAS / CloudFront URLs, token and API-key links.
@@ -579,40 +579,7 @@ def dvc_params(stage: str) -> list[str]:
     return listed
 
 
-# ---------------------------------------------------------------- problems, named by key
-def describe(schema: dict[str, Any]) -> str:
-    """What a JSON schema accepts, in words: `an integer in [1, 100]`, `one of passthrough, reencode`, ..."""
-    options = schema.get("anyOf", [])
-    if {option.get("type") for option in options} == {"integer", "number"}:  # int | float: a number
-        schema = {**{k: v for k, v in schema.items() if k != "anyOf"}, "type": "number"}
-    elif options:
-        return " or ".join(describe(option) for option in options)
-    if "enum" in schema:
-        return "one of " + ", ".join(str(v) for v in schema["enum"])
-    kind = schema.get("type")
-    if kind == "array" and "minItems" in schema and schema.get("minItems") == schema.get("maxItems"):
-        return f"a list of {schema['minItems']} values"
-    words = {
-        "integer": "an integer",
-        "number": "a number",
-        "boolean": "true or false",
-        "null": "null",
-        "string": "text",
-        "array": "a list",
-        "object": "a mapping",
-    }.get(str(kind), "a value")
-    low, high = schema.get("minimum", schema.get("ge")), schema.get("maximum", schema.get("le"))
-    above = schema.get("exclusiveMinimum", schema.get("gt"))
-    below = schema.get("exclusiveMaximum")
-    if above is not None:
-        return f"{words} > {above}" + (f" and <= {high}" if high is not None else f" and < {below}" if below else "")
-    if low is not None and high is not None:
-        return f"{words} in [{low}, {high}]"
-    if low is not None:
-        return f"{words} >= {low}"
-    return f"{words} <= {high}" if high is not None else words
-
-
+# ---------------------------------------------------------------- problems, named by key (tasks/common/model_errors.py)
 def _owner(loc: list[str]) -> tuple[type[BaseModel] | None, str]:
     """The model holding the key an error is about, and that key (`extract.holdout.fraction`: HoldoutParams)."""
     if loc[0] in MAPPINGS:  # views.<name>.<key>, views.<name>.where.<i>.<key>
@@ -627,14 +594,7 @@ def _owner(loc: list[str]) -> tuple[type[BaseModel] | None, str]:
 def _expected(model: type[BaseModel] | None, key: str) -> str:
     """A key's description when it is free text or a mapping (what it may hold), else what its type accepts."""
     properties = model.model_json_schema()["properties"] if model is not None else {}
-    if key not in properties:  # (a field's alias: `in`)
-        return "a value"
-    schema = properties[key]
-    options = [option.get("type", "object" if "$ref" in option else None) for option in schema.get("anyOf", [schema])]
-    if "description" in schema and {"string", "array", "object"} & set(options) and "enum" not in schema:
-        description: str = schema["description"]
-        return description + (" or null" if "null" in options else "")
-    return describe(schema)
+    return expected(properties.get(key))  # (None for a field's alias, `in`: "a value")
 
 
 def _known(model: type[BaseModel] | None) -> list[str]:
@@ -643,30 +603,21 @@ def _known(model: type[BaseModel] | None) -> list[str]:
     return [info.alias or name for name, info in fields.items()]
 
 
-# A union's member, as pydantic adds it to an error's location (`classes.list[constrained-str]`): not a key.
-UNION_TAG = re.compile(r"^(constrained-)?(str|int|float|bool|list\[.*\]|dict\[.*\])$")
-
-
 def _problem(error: Any) -> str:
-    loc = [str(p) for p in error["loc"] if not UNION_TAG.match(str(p))]
+    loc = key_path(error["loc"])
     where = ".".join(loc)
-    kind, found = error["type"], error.get("input")
     if not loc:  # a rule across sections (Params): its message names the key
-        return str(error["msg"]).removeprefix("Value error, ")
+        return message(error)
     if loc[0] in MAPPINGS and loc[-1] == "[key]":  # a name the user picked, refused
-        return f"{'.'.join(loc[:-1])}: {str(error['msg']).removeprefix('Value error, ')}"
-    if kind == "extra_forbidden":
-        known = [*SECTIONS, *MAPPINGS] if len(loc) == 1 else _known(_owner(loc[:-1] + ["", ""])[0])
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        return f"{where}: unknown key" + (f" (did you mean {close[0]}?)" if close else f" (expected one of {known})")
-    if kind == "missing":
-        return f"{where}: missing; expected {_expected(*_owner(loc)) if len(loc) > 1 else 'a section'}"
-    if kind == "value_error":
-        text = str(error["msg"]).removeprefix("Value error, ")
-        return f"{where}.{text}" if len(loc) == 1 else f"{where}: {text}"
-    if len(loc) == 1:
-        return f"{where}: expected a mapping of keys, found {found!r}"
-    return f"{where}: expected {_expected(*_owner(loc))}, found {found!r}"
+        return f"{'.'.join(loc[:-1])}: {message(error)}"
+    if len(loc) == 1 and error["type"] == "missing":  # a whole section
+        return f"{where}: missing; expected a section"
+    if len(loc) == 1 and error["type"] == "value_error":
+        return f"{where}.{message(error)}"
+    if len(loc) == 1 and error["type"] != "extra_forbidden":
+        return f"{where}: expected a mapping of keys, found {shown(error.get('input'))}"
+    known = [*SECTIONS, *MAPPINGS] if len(loc) == 1 else _known(_owner(loc[:-1] + ["", ""])[0])
+    return problem(error, where, lambda: _expected(*_owner(loc)), lambda: known)
 
 
 def validate_params(doc: Any, where: str | os.PathLike[str] = "params.yaml", root: Path | None = None) -> Params:

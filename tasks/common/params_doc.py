@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tasks.common.params import MAPPING_ITEMS, MAPPINGS, NESTED, SECTIONS, describe, output_keys
+from tasks.common.model_errors import describe
+from tasks.common.params import MAPPING_ITEMS, MAPPINGS, NESTED, SECTIONS, output_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = Path("docs/params.md")

@@ -9,16 +9,18 @@ modified image (same identity, a pass-through row whose stored size differs from
 the source no longer holds, and what a newer generation replaced, the curate stage excludes in the overlay.
 
 The file is small (per shard: name, rows, sizes, md5; per bad image its record), tracked in git
-(`cache: false, persist: true`), and the only state convert reads besides its inputs: the shards it lists must be
-present with their listed sizes, in the Parquet directory or in the DVC cache (DVC deletes the directory before the
-stage runs; tasks/convert/relink.py links them back), else the run stops. A history written for other output params or
-library versions (`identity`) is dropped with a line saying so: that convert rewrites every shard anyway.
+(`cache: false, persist: true`), and the only state convert reads besides its inputs — so it is an input like any
+other: checked whole against its schema before convert works (tasks/convert/history_schema.py), and every shard it
+lists held to it (tasks/convert/listed.py: its size, its footer's rows, image bytes, generation and split, its md5)
+before a row of it is counted. The shards must be present, in the Parquet directory or in the DVC cache (DVC deletes
+the directory before the stage runs; tasks/convert/relink.py links them back), else the run stops. A history written
+for other output params or library versions (`identity`) is dropped with a line saying so: that convert rewrites
+every shard anyway.
 `python -m tasks.convert.history discard` (`make relayout`) removes it: the next convert is canonical."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +36,10 @@ from tasks.common import PipelineError, dumps_json, write_json
 from tasks.common.generations import coded_ids, identity_keys, newest_rows, shard_classes
 from tasks.common.layout import LAYOUT_HISTORY
 from tasks.common.params import path_key
+from tasks.convert.history_schema import DISCARD, HISTORY_FORMAT, ShardEntry, parse_history
+from tasks.convert.listed import check_footer, footer_facts, listed_path, present
 
-HISTORY_FORMAT = 1
-SHARD_FIELDS = ("name", "rows", "file_bytes", "image_bytes", "input_bytes", "md5")
-DISCARD = "run `make relayout` (or `python -m tasks.convert.history discard`) to drop it and convert the current "
-DISCARD += "source from scratch (the canonical layout), or restore the file from git"
+SHARD_FIELDS = tuple(ShardEntry.model_fields)  # name, rows, file_bytes, image_bytes, input_bytes, md5
 
 
 @dataclass(frozen=True)
@@ -60,27 +61,19 @@ class SplitHistory:
 
     def present(self, directory: Path) -> bool:
         """Every listed shard is in `directory` with its listed size."""
-        return all(_found_size(directory, s) == s["file_bytes"] for s in self.shards)
+        return all(present(directory, s) == s["file_bytes"] for s in self.shards)
 
     def bad_keys(self) -> list[tuple[str, str]]:
         return [(str(b["class"]), str(b["record"]["name"])) for g in self.generations for b in g["bad"]]
 
 
 def read_history(path: Path, identity: str, quiet: bool = False) -> dict[str, SplitHistory] | None:
-    """The history at `path` for output identity `identity`; None when there is none or it is another identity's
-    (said in a line unless `quiet`)."""
-    if not path.is_file():
+    """The history at `path` for output identity `identity`, checked whole (tasks/convert/history_schema.py: one
+    PipelineError line for any problem); None when there is none or it is another identity's (said in a line
+    unless `quiet`)."""
+    if not path.exists() and not path.is_symlink():
         return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        splits = {split: SplitHistory(_checked(split, gens)) for split, gens in doc["splits"].items()}
-        if doc["format"] != HISTORY_FORMAT or not isinstance(doc["identity"], str):
-            raise ValueError(f"format {doc['format']!r}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise PipelineError(
-            f"{path}: expected the layout history convert writes (format {HISTORY_FORMAT}: identity, splits -> "
-            f"generations of shards), found {type(err).__name__}: {err}; {DISCARD}"
-        ) from None
+    doc = parse_history(path)
     if doc["identity"] != identity:
         if quiet:
             return None
@@ -89,19 +82,7 @@ def read_history(path: Path, identity: str, quiet: bool = False) -> dict[str, Sp
             "rewritten, in the canonical layout, and the history starts again"
         )
         return None
-    return splits
-
-
-def _checked(split: str, generations: Any) -> list[dict[str, Any]]:
-    if not isinstance(generations, list) or not generations:
-        raise ValueError(f"split {split!r}: no generations")
-    for number, gen in enumerate(generations):
-        if gen.get("generation") != number or not isinstance(gen.get("bad"), list):
-            raise ValueError(f"split {split!r}: generation {number} out of order or malformed")
-        for shard in gen["shards"]:
-            if sorted(shard) != sorted(SHARD_FIELDS) or "/" in shard["name"] or not shard["name"].endswith(".parquet"):
-                raise ValueError(f"split {split!r}: a shard entry {shard!r}")
-    return list(generations)
+    return {split: SplitHistory(list(gens)) for split, gens in doc["splits"].items()}
 
 
 def write_history(path: Path, identity: str, splits: dict[str, list[dict[str, Any]]]) -> None:
@@ -118,26 +99,29 @@ class KnownRows:
     plain: np.ndarray
 
 
-def known_rows(directory: Path, history: SplitHistory) -> KnownRows:
-    """The newest row of every identity the listed shards in `directory` hold (`newest_rows`, as curate judges
-    them), from the footer and three small columns (no image byte)."""
+def known_rows(parquet: Path, split: str, history: SplitHistory, layout: Path) -> KnownRows:
+    """The newest row of every identity the listed shards of `split` in `parquet` hold (`newest_rows`, as curate judges
+    them), from the footer and three small columns (no image byte); each shard's footer checked against the
+    history (`layout`) as it is read (tasks/convert/listed.py)."""
     keys, sizes, plain, generations = [], [], [], []
     seen: dict[Any, Any] = {}
-    for gen in history.generations:
-        for shard in gen["shards"]:
-            path = _listed(directory, shard, int(gen["generation"]))
+    directory = parquet / split
+    for number, gen in enumerate(history.generations):
+        for index, shard in enumerate(gen["shards"]):
+            path = listed_path(layout, directory, shard, number)
             try:
-                key, size, flat = _shard_rows(path, seen)
+                key, size, flat, footer = _shard_rows(path, seen)
             except (OSError, ValueError, pa.ArrowException) as err:
                 raise PipelineError(
-                    f"{path}: expected the shard {LAYOUT_HISTORY} lists (md5 {shard['md5']}), found an unreadable "
-                    f"file ({' '.join(str(err).split())}); run `dvc checkout` to restore it, or "
-                    f"{DISCARD.removeprefix('run ')}"
+                    f"{path}: expected the shard {layout} lists (md5 {shard['md5']}), found an unreadable file "
+                    f"({' '.join(str(err).split())}); run `dvc checkout` to restore it, or "
+                    f"{DISCARD.replace('<file>', str(layout)).removeprefix('run ')}"
                 ) from None
+            check_footer(layout, history.generations, ["splits", split, number, "shards", index], footer)
             keys.append(key)
             sizes.append(size)
             plain.append(flat)
-            generations.append(np.full(len(key), int(gen["generation"]), dtype=np.int64))
+            generations.append(np.full(len(key), number, dtype=np.int64))
     if not keys:
         return KnownRows(pa.array([], pa.string()), np.zeros(0, np.int64), np.zeros(0, bool))
     known = KnownRows(pa.concat_arrays(keys), np.concatenate(sizes), np.concatenate(plain))
@@ -147,7 +131,7 @@ def known_rows(directory: Path, history: SplitHistory) -> KnownRows:
     return KnownRows(known.keys.filter(pa.array(newest)), known.sizes[newest], known.plain[newest])
 
 
-def _shard_rows(path: Path, seen: dict[Any, Any]) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+def _shard_rows(path: Path, seen: dict[Any, Any]) -> tuple[pa.Array, np.ndarray, np.ndarray, dict[str, Any]]:
     file = pq.ParquetFile(path)
     meta = file.schema_arrow.metadata
     own = shard_classes(meta, path, seen)
@@ -157,25 +141,7 @@ def _shard_rows(path: Path, seen: dict[Any, Any]) -> tuple[pa.Array, np.ndarray,
     index = decode_image_index(meta, table.num_rows, path)
     size = index[:, 1] if index is not None else np.full(table.num_rows, -1, dtype=np.int64)
     flat = pc.equal(table.column("transform"), "none").to_numpy(zero_copy_only=False)
-    return key, size, flat
-
-
-def _listed(directory: Path, shard: dict[str, Any], generation: int) -> Path:
-    path = directory / str(shard["name"])
-    found = _found_size(directory, shard)
-    if found != shard["file_bytes"]:
-        raise PipelineError(
-            f"{path}: expected the shard of generation {generation} that {LAYOUT_HISTORY} lists "
-            f"({shard['file_bytes']:,} bytes, md5 {shard['md5']}), found "
-            f"{'no file' if found is None else f'{found:,} bytes'} (nor in the DVC cache); run `dvc pull` (or "
-            f"`dvc fetch`) for the version this history belongs to, or {DISCARD.removeprefix('run ')}"
-        )
-    return path
-
-
-def _found_size(directory: Path, shard: dict[str, Any]) -> int | None:
-    path = directory / str(shard["name"])
-    return path.stat().st_size if path.is_file() else None
+    return key, size, flat, footer_facts(path, own, file.metadata.num_rows, index, flat)
 
 
 def usable(history: SplitHistory | None, directory: Path, split: str) -> SplitHistory | None:

@@ -43,6 +43,11 @@ LAYOUTS = ("content", "size")  # size: the former balanced ranges named -NNNNN-o
 PLAN_COLUMNS = ["label", "wnid", "name", "source", "member", "offset", "size"]  # a shard's identity (its rows)
 BATCH = 1 << 16  # rows turned into Python objects at a time
 _SAFE_NAME = re.compile(r"[0-9A-Za-z_][0-9A-Za-z_.]{0,159}")
+_HASHED_TOKEN = re.compile(r"~[0-9a-f]{20}")  # `_file_token` of a name outside _SAFE_NAME
+_HASHED_STEM = re.compile(r"h[0-9a-f]{16}")  # `_stems` in hashed order
+_REPEAT = re.compile(r"[2-9]|[1-9][0-9]+")  # `-2`, `-3`... after a stem met before in the split
+SHARD_STEMS = "stem h<16 hex>, <class>-<first image> or empty; docs/CONTRACTS.md"
+SHARD_NAMES = f"<split>[-g<N>]-<stem>.parquet ({SHARD_STEMS})"
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,28 @@ def _stems(firsts: list[tuple[str, str] | None], layout: str, order: str) -> lis
         seen[stem] = seen.get(stem, 0) + 1
         stems.append(stem if seen[stem] == 1 else f"{stem}-{seen[stem]}")
     return stems
+
+
+def shard_name_ok(name: str, split: str, generation: int) -> bool:
+    """`name` is one `plan_split` gives a shard of `split` in `generation` (>= 1: `<split>-g<N>-<stem>`, the
+    appended generations' prefix, tasks/convert/history.py): SHARD_NAMES, a stem `_stems` writes — never a hidden
+    file, a path, or another split's or generation's name."""
+    prefix = f"{split}-g{generation}-" if generation else f"{split}-"
+    return name.startswith(prefix) and name.endswith(".parquet") and _stem_ok(name[len(prefix) : -len(".parquet")])
+
+
+def _stem_ok(stem: str) -> bool:
+    """`empty`, `h<16 hex>` or `<token>-<token>` (`_file_token`s), either with a repeat number `-<n>`."""
+    parts = stem.split("-")
+    if len(parts) > 1 and _REPEAT.fullmatch(parts[-1]) and (len(parts) == 3 or _HASHED_STEM.fullmatch(parts[0])):
+        parts = parts[:-1]
+    if len(parts) == 1:
+        return parts[0] == "empty" or bool(_HASHED_STEM.fullmatch(parts[0]))
+    return len(parts) == 2 and all(_token_ok(token) for token in parts)
+
+
+def _token_ok(token: str) -> bool:
+    return bool(_HASHED_TOKEN.fullmatch(token)) or (_file_token(token) == token and not token.startswith("~"))
 
 
 def finished_stats(plan: ShardPlan, shard: Path, stats_path: Path) -> dict[str, Any] | None:

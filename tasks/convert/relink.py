@@ -43,18 +43,19 @@ def restore_finished(link: Path, shard: Path) -> None:
             os.link(link, shard)
 
 
-def restore_listed(job: Job, listed: dict[str, list[dict[str, Any]]]) -> int:
+def restore_listed(job: Job, listed: dict[str, list[dict[str, Any]]]) -> set[Path]:
     """Link back every shard of `listed` (per split, its layout history entries) missing from the Parquet
-    directory — one DVC cache lookup for them all; returns how many."""
+    directory — one DVC cache lookup for them all; returns the files put back, each from a source named by its
+    listed md5 (tasks/convert/listed.py counts them as holding it)."""
     missing = [(split, s) for split, shards in listed.items() for s in shards if not _target(job, split, s).exists()]
     cached = cached_objects(job.parquet, [str(s["md5"]) for _, s in missing]) if missing else {}
-    restored = 0
+    restored = set()
     for split, entry in missing:
         target, size = _target(job, split, entry), entry["file_bytes"]
         target.parent.mkdir(parents=True, exist_ok=True)
         resume, kept = _resume_link(job, split, entry), cached.get(str(entry["md5"]))
         if (resume and _link(resume, target, size)) or (kept and _link(kept, target, size, copy=True)):
-            restored += 1
+            restored.add(target)
     return restored
 
 

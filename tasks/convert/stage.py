@@ -40,6 +40,7 @@ from tasks.convert.history import SplitHistory, known_rows, merged, new_rows, re
 from tasks.convert.imaging import BadImage, Encoded, encode_image
 from tasks.convert.inputs import check_labels, read_all
 from tasks.convert.job import Job
+from tasks.convert.listed import check_md5s
 from tasks.convert.plan import Rows, ShardPlan, finished_stats, ordered, plan_split, remove_stale
 from tasks.convert.relink import keep, restore_finished, restore_listed
 from tasks.convert.sources import Sources
@@ -53,12 +54,12 @@ def prepare(job: Job) -> list[ShardPlan]:
     label_map = read_label_map(job.label_map)
     wnid_label = {name: label for label, name in enumerate(class_ids(label_map))}  # the manifests' class key
     history = read_history(job.layout, _identity(job)) or {}
-    restore_listed(job, {split: history[split].shards for split in job.splits() if split in history})
+    vouched = restore_listed(job, {split: history[split].shards for split in job.splits() if split in history})
     plans: list[ShardPlan] = []
     for split in job.splits():
         table = _manifest(job.manifest(split))
         check_labels(job.manifest(split), table, wnid_label)
-        split_plans, listed = _plan(job, split, table, history.get(split))
+        split_plans, listed = _plan(job, split, table, history.get(split), vouched)
         remove_stale(job.parquet / split, {p.name for p in split_plans} | listed)
         remove_stale(
             job.scratch(split),
@@ -76,10 +77,12 @@ def prepare(job: Job) -> list[ShardPlan]:
     return plans
 
 
-def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -> tuple[list[ShardPlan], set[str]]:
+def _plan(
+    job: Job, split: str, table: pa.Table, history: SplitHistory | None, vouched: set[Path]
+) -> tuple[list[ShardPlan], set[str]]:
     """One split's plans and the shard names its history lists: the canonical layout without a history, else the
     new rows alone as generation g + 1 (none when nothing is new); `prepare` has linked back the listed shards DVC
-    deleted."""
+    deleted (`vouched`: from a source named by their md5), each held to the history before its rows count."""
     history = usable(history, job.parquet / split, split)
     if history is None:
         rows = ordered(table, job.order)
@@ -87,7 +90,9 @@ def _plan(job: Job, split: str, table: pa.Table, history: SplitHistory | None) -
         _write_slices(job, rows, plans)
         return plans, set()
     listed = {s["name"] for s in history.shards}
-    fresh = new_rows(table, known_rows(job.parquet / split, history), history.bad_keys())
+    known = known_rows(job.parquet, split, history, job.layout)
+    check_md5s(job, split, history.generations, vouched)
+    fresh = new_rows(table, known, history.bad_keys())
     if not fresh.any():
         return [], listed
     generation = history.next_generation

@@ -13,11 +13,12 @@ compacted from) are published as one set (tasks/curate/compact_out.py)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from imagenet_parquet.overlay import CURATION_APPLIED, Overlay, load_overlay
 from tasks.common import SPLITS, PipelineError, write_json
 from tasks.common.params import Project, load_project
 from tasks.common.shard_writer import write_shard
-from tasks.curate.compact_out import DEFAULT_OUT, REPORT, check_out, new_set
+from tasks.curate.compact_out import DEFAULT_OUT, REPORT, NewSet, check_out, new_set
 from tasks.curate.stage import read_split
 
 TODO = "run `dvc repro curate` (or `dvc pull` the shards and data/overlay of one version together), then compact again"
@@ -50,6 +51,7 @@ class CompactJob:
     parquet: Path
     overlay: Path
     out: Path
+    owned: dict[str, dict[str, int]] = field(default_factory=dict)  # the files of `out` it wrote (check_owned)
 
 
 @dataclass
@@ -66,8 +68,8 @@ class SplitPlan:
 
 def job_from_params(project: Project, out: str | Path = DEFAULT_OUT) -> CompactJob:
     """The job; `out` (relative: to the project) must be a directory compaction owns (compact_out.check_out)."""
-    target = check_out(project, out)
-    return CompactJob(project.root.resolve(), project.path("parquet"), project.path("overlay"), target)
+    target, owned = check_out(project, out)
+    return CompactJob(project.root.resolve(), project.path("parquet"), project.path("overlay"), target, owned)
 
 
 def compact(job: CompactJob) -> dict[str, Any]:
@@ -75,9 +77,10 @@ def compact(job: CompactJob) -> dict[str, Any]:
     was done."""
     plans = [plan_split(job, split) for split in SPLITS]  # every overlay checked before anything is written
     source = Path(os.path.relpath(job.parquet.resolve(), job.root)).as_posix()  # no machine path in the output
-    with new_set(job.out) as tmp:
-        report = {"source": source, "splits": {plan.split: write_split(tmp, plan) for plan in plans}}
-        write_json(tmp / REPORT, report)
+    with new_set(job.out, job.owned) as written:
+        report = {"source": source, "splits": {plan.split: write_split(written, plan) for plan in plans}}
+        text = write_json(written.path / REPORT, report).read_bytes()
+        written.wrote(REPORT, hashlib.md5(text).hexdigest())
     return report
 
 
@@ -137,19 +140,18 @@ def _schema(path: Path, meta: dict[bytes, bytes] | None, split: str) -> tuple[pa
     return schema, label_map
 
 
-def write_split(out: Path, plan: SplitPlan) -> dict[str, Any]:
-    """`out/<split>/` (in the set being written: compact_out.new_set) made of the compacted shards; what was
-    written."""
+def write_split(out: NewSet, plan: SplitPlan) -> dict[str, Any]:
+    """`<split>/` of the set being written (compact_out.new_set) made of the compacted shards; what was written."""
     written, start = [], 0
-    (out / plan.split).mkdir()
+    (out.path / plan.split).mkdir()
     for path, rows in plan.files:
         keep = plan.overlay.keep[start : start + rows]
         labels = plan.overlay.labels[start : start + rows]
         start += rows
         if keep.any():  # a shard whose rows all go away is dropped
-            count, md5 = write_shard(
-                out / plan.split / path.name, plan.schema, plan.row_group_rows, _rows(path, keep, labels, plan.columns)
-            )
+            shard = out.path / plan.split / path.name
+            count, md5 = write_shard(shard, plan.schema, plan.row_group_rows, _rows(path, keep, labels, plan.columns))
+            out.wrote(f"{plan.split}/{path.name}", md5)
             written.append([path.name, count, md5])
     return {
         "overlay_sha256": plan.overlay.digest,

@@ -471,18 +471,15 @@ def print_tables(res: dict[str, Any], args: argparse.Namespace) -> None:
     ]
     table += [["10 % view materialised: bytes on disk ÷ dataset", f"{m['materialized_over_dataset']:.4f}"]]
     print(md_table(["figure", "value"], table))
-    t = res.get("throughput")
-    if t:
-        print(
-            f"\nThroughput, {t['images']} real JPEGs, TrainCrop(224), 2 workers, best of {args.rounds} rounds "
-            "(interleaved)"
-        )
-        print(
-            md_table(
-                ["reader", "img/s", "img/CPU-s"], [[k, f"{v[0]:.0f}", f"{v[1]:.0f}"] for k, v in t["best"].items()]
-            )
-        )
-        print(f"warm node cache ÷ local disk: {t['ratio']:.3f} img/s, {t['cpu_ratio']:.3f} img/CPU-s")
+    if res.get("throughput"):
+        print_throughput(res["throughput"], args)
+
+
+def print_throughput(t: dict[str, Any], args: argparse.Namespace) -> None:
+    rounds = f"best of {args.rounds} rounds (interleaved)"
+    print(f"\nThroughput, {t['images']} real JPEGs, TrainCrop(224), 2 workers, {rounds}")
+    print(md_table(["reader", "img/s", "img/CPU-s"], [[k, f"{v[0]:.0f}", f"{v[1]:.0f}"] for k, v in t["best"].items()]))
+    print(f"warm node cache ÷ local disk: {t['ratio']:.3f} img/s, {t['cpu_ratio']:.3f} img/CPU-s")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -496,6 +493,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--throughput-images", type=int, default=3000, help="0: skip the throughput rounds")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-label-only", action="store_true")
+    p.add_argument("--throughput-only", action="store_true", help="only the throughput rounds (a quiet machine)")
     p.add_argument("--keep", action="store_true", help="keep benchmarks/_work/nodes")
     return p.parse_args(argv)
 
@@ -504,6 +502,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {}
+    if args.throughput_only:
+        if not SAMPLES.is_dir():
+            raise SystemExit(f"{SAMPLES}: not there; the throughput rounds read its real JPEGs")
+        res["throughput"] = throughput(args)
+        (WORK / "throughput.json").write_text(json.dumps(res, indent=1, default=str))
+        return print_throughput(res["throughput"], args)
     res["label_only"] = {"rows": 0, "row_groups": 0, "orders": {}} if args.skip_label_only else label_only(args)
     data = build(WORK / "data", args)
     res["dataset"] = {k: v for k, v in data.items() if k not in ("repo", "store")}

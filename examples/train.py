@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import time
 import warnings
@@ -101,13 +102,24 @@ def make_data(args: argparse.Namespace) -> Data:
     if args.map_style:
         images = open_dataset(ParquetImageDataset, args, common)
         order = RowGroupSampler(images, **orders)
-        loader = StatefulDataLoader(images, batch_size=args.batch_size, sampler=order, num_workers=args.num_workers)
+        loader = StatefulDataLoader(images, batch_size=args.batch_size, sampler=order, **loader_options(args))
         dataset: ParquetImageDataset | ParquetIterableDataset = images
     else:  # batch_size = the loader's: global step t holds the same images on any topology
         extra = {**orders, "batch_size": args.batch_size, "predownload": args.predownload}
         order = dataset = open_dataset(ParquetIterableDataset, args, {**common, **extra})
-        loader = StatefulDataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers)
+        loader = StatefulDataLoader(dataset, batch_size=args.batch_size, **loader_options(args))
     return Data(loader, order, sample, len(dataset.label_names), dataset.num_images)
+
+
+def loader_options(args: argparse.Namespace) -> dict[str, Any]:
+    """DataLoader workers started from a forkserver, not forked from this process: a trainer holds threads (gloo's,
+    the remote reader's fsspec IO loop, the last epoch's queue feeders ending), and on Python 3.11 a fork while
+    another thread starts or ends can leave the child deadlocked inside `os.fork` (CPython takes the thread-state
+    lock only from 3.12 on) — a worker that never starts, and every rank waiting on it in the all-reduce. A batch
+    that takes longer than --loader-timeout is an error instead of a hang."""
+    if not args.num_workers:
+        return {"num_workers": 0}
+    return {"num_workers": args.num_workers, "multiprocessing_context": "forkserver", "timeout": args.loader_timeout}
 
 
 def open_dataset(cls: Any, args: argparse.Namespace, kwargs: dict[str, Any]) -> Any:
@@ -295,6 +307,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
     p.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per rank")
+    p.add_argument("--loader-timeout", type=float, default=600.0, help="seconds a batch may take (workers only)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0, help="model init and the reader's epoch order")
@@ -333,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated in torch 2.13: noise on every run
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    multiprocessing.set_forkserver_preload(["__main__", "torch", "imagenet_parquet"])  # imported once, not per worker
     init_distributed()
     try:
         torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)

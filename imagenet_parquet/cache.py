@@ -17,7 +17,9 @@ epoch (least recently used first), then those it reads latest; without one, leas
 touched on every use). When even an empty cache of row groups leaves no room (a limit below what the node's
 processes fetch at once), the piece is filled in anonymous memory instead (`memfd`) — checked as ever, read once,
 never on disk — so the epoch completes within the bound. Temporary files of dead processes are deleted. A full
-disk is one RemoteError naming the cache."""
+disk is one RemoteError naming the cache. Every lock wait is bounded (`LOCK_WAIT`: a lock never let go is one
+RemoteError naming it), and a forked child (a DataLoader worker) lets go of the locks its parent's threads held at
+the fork, which it would otherwise keep taken for its whole life."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,7 @@ ORPHAN_AGE = 3600.0  # seconds: a temporary file this old is a leftover even if 
 SLACK = 8192  # a write's room: its bytes plus the partial blocks at both ends of a sparse write
 LEDGER, LEDGER_LOCK = ".usage", ".usage.lock"
 RESCAN_AGE = 30.0  # seconds: a ledger not written for this long is set to the truth by a scan before it is used
+LOCK_WAIT = 600.0  # seconds: the longest one waits for another process's fill or eviction (each fetch is bounded)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
 
@@ -119,6 +123,7 @@ class Cache:
     def __init__(self, root: Path, limit: int):
         self.root, self.limit = Path(root), int(limit)
         self._reset()
+        _CACHES.add(self)
 
     def _reset(self) -> None:
         self._evicting = threading.Lock()
@@ -133,6 +138,7 @@ class Cache:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._reset()
+        _CACHES.add(self)
 
     def open_or_fill(
         self, obj: str, name: str, fill: Callable[[int], None], size: Callable[[], int] | None = None
@@ -313,14 +319,49 @@ def _open_cached(path: str | Path) -> int | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (an empty file, kept: removing it would let two processes lock twice)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def _locked(path: Path, wait: float = LOCK_WAIT) -> Iterator[None]:
+    """An exclusive flock on `path` (an empty file, kept: removing it would let two processes lock twice), waited
+    for at most `wait` seconds: a holder that never lets go is one RemoteError naming the lock, never a hang."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline, delay = time.monotonic() + wait, 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RemoteError(
+                        f"{path}: still locked after {wait:g} s by another reader of this cache (a fill or an "
+                        "eviction that does not end); look for a stuck reader process of this node (`fuser` on the "
+                        "lock file) and end it, or give this process its own cache_dir"
+                    ) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 0.01)
+        _HELD.add(fd)
         yield
     finally:
+        _HELD.discard(fd)
         os.close(fd)
+
+
+_HELD: set[int] = set()  # lock descriptors this process holds now
+_CACHES: weakref.WeakSet[Cache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) starts with copies of what its parent's other threads held at the fork:
+    the flock descriptors (the lock would stay taken until the child exits) and each cache's eviction mutex (held
+    by a thread the child does not have). It lets go of both."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+    for cache in list(_CACHES):
+        cache._evicting = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _entries(root: Path) -> Iterator[tuple[Path, os.stat_result]]:

@@ -4,6 +4,7 @@ comes from the cache, a cache at its limit stays within it at every moment and t
 killed mid-fetch leaves nothing that is served afterwards, and a changed cached byte is refused and fetched again."""
 from __future__ import annotations
 
+import fcntl
 import io
 import multiprocessing
 import os
@@ -252,3 +253,46 @@ def test_eviction_follows_the_nodes_plan_and_sizes_parse():
     for bad in ("", "lots", "-1GB", "10XB", 0, True):
         with pytest.raises(ValueError, match="cache_limit: expected a size"):
             parse_size(bad)
+
+
+def test_a_lock_held_by_a_thread_at_a_fork_is_not_held_by_the_child_and_a_lock_never_let_go_is_one_error(tmp_path):
+    """A DataLoader worker forked while another thread of its parent fills a piece (or evicts) must not keep that
+    lock taken for its whole life; a lock another process never lets go of ends in one RemoteError, not a hang."""
+    from imagenet_parquet import cache as cache_mod
+    from imagenet_parquet.dvcconfig import RemoteError
+
+    lock, taken, release = tmp_path / "x.lock", threading.Event(), threading.Event()
+    Cache(tmp_path, 1 << 20)._evicting.acquire()  # a cache whose eviction mutex is held at the fork
+
+    def hold() -> None:
+        with cache_mod._locked(lock):
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(10)
+    reader, writer = FORK.Pipe(duplex=False)
+
+    def child() -> None:  # after the parent's thread lets go, the child can take the lock and every cache's mutex
+        time.sleep(0.5)
+        try:
+            with cache_mod._locked(lock, wait=10):
+                mutexes = [c._evicting.acquire(timeout=5) for c in list(cache_mod._CACHES)]
+            writer.send(all(mutexes))
+        except Exception as err:
+            writer.send(repr(err))
+
+    process = FORK.Process(target=child)
+    process.start()
+    release.set()
+    holder.join(10)
+    assert reader.poll(30) and reader.recv() is True
+    process.join(10)
+    fd = os.open(lock, os.O_RDWR)  # another open file description: another holder, as another process would be
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(RemoteError, match=r"x\.lock: still locked after 0\.5 s"), cache_mod._locked(lock, 0.5):
+            pass
+    finally:
+        os.close(fd)

@@ -177,7 +177,7 @@ def test_a_loop_killed_mid_epoch_resumes_the_rest_of_the_epoch_exactly(shards, t
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     saved = torch.load(ckpt, weights_only=False)["step"]
-    assert 4 <= saved < 12, saved  # killed mid-epoch
+    assert 3 <= saved < 12, saved  # killed mid-epoch (step 4 logged: checkpoint 3 saved at least)
     assert _loop(shards, kind, log, ckpt).wait(120) == 0
     resumed = _log(log)  # steps after the checkpoint were rewritten by the resumed run
     assert resumed == uninterrupted

@@ -6,10 +6,13 @@ epoch covers the shards once; a run preempted on two nodes resumes on one with e
 and the same global steps as the uninterrupted run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -19,9 +22,9 @@ import pytest
 from imagenet_parquet.shards import row_group_span
 from imagenet_parquet.writer import ShardWriter
 from tests.helpers.datasets import write_shards
+from tests.helpers.http_remote import publish
 from tests.helpers.project import REPO
 from tests.helpers.servers import CountingMotoServer, RangeServer, free_port
-from tests.helpers.http_remote import publish
 
 pytest.importorskip("torchdata.stateful_dataloader")
 pytestmark = pytest.mark.slow
@@ -73,7 +76,7 @@ def torchrun(repo: Path, out: Path, nnodes: int, remotes: list[str], *args: str,
     log, port = out.with_suffix(".jsonl"), free_port()
     base = {**os.environ, **(env or {}), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    procs = []
+    procs, logs = [], [out.with_name(f"{out.name}-node{node}.log") for node in range(nnodes)]
     for node in range(nnodes):
         launch = [str(BIN / "torchrun"), f"--nnodes={nnodes}", f"--node-rank={node}", "--nproc-per-node=2",
                   "--master-addr=127.0.0.1", f"--master-port={port}"]
@@ -81,11 +84,22 @@ def torchrun(repo: Path, out: Path, nnodes: int, remotes: list[str], *args: str,
                "--remote", remotes[node], "--cache-dir", str(out.parent / (out.name + "-cache-{node}")),
                "--canonical-nodes", str(C), "--batch-size", str(BATCH), "--num-workers", "1", "--seed", "5",
                "--step-log", str(log), *args]
-        procs.append(subprocess.Popen(cmd, cwd=out.parent, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    outputs = [p.communicate(timeout=240) for p in procs]
-    for p, (stdout, stderr) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0 and "Traceback" not in stderr, stdout + stderr[-4000:]
+        with logs[node].open("w") as sink:  # a file, not a pipe: what a node printed is there even if it hangs
+            procs.append(subprocess.Popen(cmd, cwd=out.parent, env=base, stdout=sink, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # its own group: killed whole below
+    deadline, codes = time.monotonic() + 300, []
+    try:
+        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        pass
+    finally:  # a node that never ends takes its workers with it
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+    for node, path in enumerate(logs):
+        text = path.read_text(errors="replace")
+        assert len(codes) == nnodes and codes[node] == 0 and "Traceback" not in text, f"node {node}: {text[-6000:]}"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     return sorted(records, key=lambda r: (r["global_step"], r["rank"]))
 
@@ -128,7 +142,7 @@ def test_two_nodes_from_http_fetch_their_halves_once_and_a_resume_on_one_node_se
         rest = torchrun(remote["repo"], tmp_path / "rest", 1, [one.url], "--epochs", "1", "--resume",
                         str(tmp_path / "ckpt.pt"), "--batch-size", str(2 * BATCH))
     again = _steps(rest)
-    assert {k: v for k, v in steps.items() if k[0] == 0 and k[1] > K} == {k: v for k, v in again.items()}
+    assert {k: v for k, v in steps.items() if k[0] == 0 and k[1] > K} == again
     seen = Counter(i for r in cut for i in r["ids"]) + Counter(i for r in rest for i in r["ids"])
     assert seen == Counter(list(labels))
 

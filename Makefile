@@ -22,7 +22,7 @@ run: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH dvc repro
 
 test: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q -n auto --dist loadscope
+	PATH=$(CURDIR)/$(BIN):$$PATH python -m pytest -q -n auto
 
 LINT_PATHS := tasks flows imagenet_parquet benchmarks
 lint: $(STAMP)

@@ -123,7 +123,6 @@ class Cache:
     def __init__(self, root: Path, limit: int):
         self.root, self.limit = Path(root), int(limit)
         self._reset()
-        _CACHES.add(self)
 
     def _reset(self) -> None:
         self._evicting = threading.Lock()
@@ -131,6 +130,7 @@ class Cache:
         self._scanned = False  # this process has set the ledger to the truth once (what others left is counted)
         self.plan: EvictionPlan | None = None  # per process: set by the iterable dataset for its pass
         self._paths: dict[tuple[str, str], str] = {}
+        _CACHES.add(self)  # its eviction mutex is renewed in a forked child (_after_fork_in_child)
 
     def __getstate__(self) -> dict[str, object]:
         return {"root": self.root, "limit": self.limit}
@@ -138,7 +138,6 @@ class Cache:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._reset()
-        _CACHES.add(self)
 
     def open_or_fill(
         self, obj: str, name: str, fill: Callable[[int], None], size: Callable[[], int] | None = None
